@@ -1,10 +1,6 @@
-"""Charts of where a step's time and a GPU's memory go: the breakdown of one layout or of a Pareto front (stacked
-bars), and a step timeline (a Chrome trace of :mod:`cost_model.timeline`) drawn as a Gantt chart.
-
-The breakdowns come as plotly figure specs (plain dicts: ``{"data": [...], "layout": {...}}``, for
-``tuner/report_html.py``, which embeds them without importing plotly) and as matplotlib PNGs (``tune estimate
---plot``, ``tune timeline --png``). Every number is the analytical model's prediction.
-"""
+"""Charts of where a step's time and a GPU's memory go (predicted): stacked bars of one layout or a Pareto front, as
+plotly figure specs (plain dicts, for ``tuner/report_html.py``) and PNGs (``tune estimate --plot``), and a step
+timeline (:mod:`cost_model.timeline`) as a Gantt chart (``tune timeline --png``)."""
 
 from __future__ import annotations
 
@@ -15,9 +11,6 @@ from typing import Any
 from cost_model.estimate import MEMORY_PARTS, TIME_PARTS
 from cost_model.types import Estimate
 from specs.units import GIB
-
-__all__ = ["check_image_path", "MEMORY_COLOURS", "TIME_COLOURS", "breakdown_figures", "front_trend", "plot_breakdown",
-           "save_figure", "plot_timelines"]
 
 #: One colour per part, shared by every chart (plotly and matplotlib take the same hex strings).
 MEMORY_COLOURS = {
@@ -66,12 +59,9 @@ def breakdown_figures(items: Sequence[tuple[str, Estimate]], *, title: str = "")
 
 
 def front_trend(items: Sequence[Estimate]) -> list[str]:
-    """Sentences naming what changes most from the front's least-memory layout to its most-memory one (the items in
-    that order): the memory part that grows most (GiB) and the time parts that shrink and grow most (seconds).
-
-    Returns:
-        Up to three sentences; empty for fewer than two layouts.
-    """
+    """Sentences naming what changes most from the front's least-memory layout to its most-memory one (the items in that
+    order): the memory part that grows most (GiB) and the time parts that shrink and grow most (seconds). Returns up to
+    three sentences; empty for fewer than two layouts."""
     if len(items) < 2:
         return []
     a, b = items[0], items[-1]
@@ -94,10 +84,7 @@ def front_trend(items: Sequence[Estimate]) -> list[str]:
 def check_image_path(option: str, path: Path, *, force: bool = False) -> None:
     """Refuse an image path matplotlib cannot write, before any work: empty, a folder, a missing folder, or a suffix
     that is not one of matplotlib's file types (``FigureCanvasBase.get_supported_filetypes``: png, pdf, svg, ...).
-
-    Raises:
-        TunerError: naming ``option``, the path and what is accepted.
-    """
+    Raises TunerError: naming ``option``, the path and what is accepted."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     from specs.errors import TunerError
@@ -115,11 +102,8 @@ def check_image_path(option: str, path: Path, *, force: bool = False) -> None:
 
 
 def save_figure(fig: Any, path: Path, *, force: bool = False) -> None:
-    """Draw ``fig`` in the file type of ``path``'s suffix and write it with :func:`specs.files.write_output`.
-
-    Raises:
-        TunerError: as :func:`specs.files.write_output`.
-    """
+    """Draw ``fig`` in the file type of ``path``'s suffix and write it with :func:`specs.files.write_output`. Raises
+    TunerError: as :func:`specs.files.write_output`."""
     import io
 
     from specs.files import write_output
@@ -131,11 +115,7 @@ def save_figure(fig: Any, path: Path, *, force: bool = False) -> None:
 
 def plot_breakdown(path: Path, e: Estimate, *, title: str = "") -> None:
     """A PNG of one layout's two stacked bars: memory parts (GiB per GPU, worst pipeline rank, against the usable
-    memory) and time parts (seconds per step).
-
-    Raises:
-        OSError: the file cannot be written.
-    """
+    memory) and time parts (seconds per step). Raises OSError: the file cannot be written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,25 +152,17 @@ def plot_breakdown(path: Path, e: Estimate, *, title: str = "") -> None:
 
 
 #: Gantt colours of the trace's event categories (:mod:`cost_model.timeline`).
-_GANTT = {
-    "forward": "#6baed6", "backward": "#2171b5", "compute": TIME_COLOURS["compute"],
-    "recompute": TIME_COLOURS["recompute"],
-    "tp_comm": TIME_COLOURS["tp_comm"], "cp_comm": TIME_COLOURS["cp_comm"], "ep_comm": TIME_COLOURS["ep_comm"],
-    "pp_p2p": TIME_COLOURS["pp_p2p"],
-    "dp_comm": TIME_COLOURS["dp_comm"], "optimizer": TIME_COLOURS["optimizer"], "offload": TIME_COLOURS["offload"],
-    "hidden": "#bdbdbd",
-}
+_GANTT = {"forward": "#6baed6", "backward": "#2171b5", "hidden": "#bdbdbd",
+          **{k: v for k, v in TIME_COLOURS.items() if k != "pp_bubble"}}
 _GANTT_LABELS = {"forward": "forward (F<micro-batch>)", "backward": "backward (B<micro-batch>)",
                  "hidden": "communication hidden behind compute"}
 
 
 def plot_timelines(path: Path, traces: Sequence[dict[str, Any]], *, titles: Sequence[str] | None = None,
                    force: bool = False) -> None:
-    """A PNG Gantt chart of step traces (:func:`cost_model.timeline.step_trace`), one panel each on a common time
-    axis: per pipeline rank its forward / backward chunks and the same time by part.
-
-    Raises:
-        OSError: the file cannot be written."""
+    """A PNG Gantt chart of step traces (:func:`cost_model.timeline.step_trace`), one panel each on a common time axis:
+    per pipeline rank its forward / backward chunks and the same time by part. Raises OSError: the file cannot be
+    written."""
     import matplotlib
 
     matplotlib.use("Agg")

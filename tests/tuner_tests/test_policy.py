@@ -142,8 +142,6 @@ def test_a_slice_narrows_the_layout_and_its_neighbours_less_than_a_full_trial():
 def test_a_slice_costs_less_than_a_full_trial():
     p = _sliced([100, 90])
     assert np.all(p.slice_gpu_hours(slice(None)) < p.trial_gpu_hours(slice(None)))
-    with pytest.raises(ValueError, match="without slice"):
-        _policy([100]).observe_slice(0, 1.0, gpu_hours=0.01)
 
 
 def test_the_answer_is_always_measured_in_full():

@@ -1,10 +1,5 @@
-"""What every ``tune`` command area shares: the consoles, the error boundary, shell-safe suggested
-commands, the study loading helpers and the option aliases of the job, cluster, workload and study.
-
-The area modules (``main_job``, ``estimate``, ``studies``, ``fit``, ``verify_cmd``, ``catalogue``)
-import this module and :mod:`tuner.cli._layout`; nothing here imports an area module, so the
-package has no import cycle (``tests/test_package_order.py``).
-"""
+"""What every ``tune`` command area shares: the consoles, the error boundary, shell-safe suggested commands, the
+study loading helpers and the shared options. Nothing here imports an area module (no import cycle)."""
 
 from __future__ import annotations
 
@@ -123,11 +118,8 @@ class TuneGroup(TyperGroup):
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:
-        """Run the command line (``args``, default ``sys.argv[1:]``) and turn every error into an exit code.
-
-        Returns:
-            The exit code when ``standalone_mode`` is False (else it exits the process with it).
-        """
+        """Run the command line (``args``, default ``sys.argv[1:]``) and turn every error into an exit code. Returns the
+        exit code when ``standalone_mode`` is False (else it exits the process with it)."""
         import signal
         import threading
 
@@ -135,13 +127,16 @@ class TuneGroup(TyperGroup):
         # `kill`, a scheduler: as Ctrl-C
         old_term = signal.signal(signal.SIGTERM, signal.default_int_handler) if main else None
         try:
-            return self._main(args, prog_name, complete_var, standalone_mode, windows_expand_args, **extra)
+            code = self._run(args, prog_name, complete_var, windows_expand_args, **extra)
         finally:
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
+        if standalone_mode:
+            sys.exit(code)
+        return code
 
-    def _main(self, args: Sequence[str] | None, prog_name: str | None, complete_var: str | None, standalone_mode: bool,
-              windows_expand_args: bool, **extra: Any) -> Any:
+    def _run(self, args: Sequence[str] | None, prog_name: str | None, complete_var: str | None,
+             windows_expand_args: bool, **extra: Any) -> int:
         argv, flag = _take_debug(sys.argv[1:] if args is None else args)
         debug = flag or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
         extra.setdefault("obj", CliState(argv=tuple(argv), debug=debug))
@@ -185,8 +180,6 @@ class TuneGroup(TyperGroup):
                     + ("" if debug else " (re-run with --debug for the traceback, and report it)"),
                     label="[bold red]internal error:[/]", indent=0, console=err)
                 code = 1
-        if standalone_mode:
-            sys.exit(code)
         return code
 
 
@@ -204,11 +197,8 @@ def _is_storage_error(e: BaseException) -> bool:
 
 
 def require(value: Any, flag: str, example: str) -> Any:
-    """``value``, unless it is missing.
-
-    Raises:
-        TunerError: ``value`` is None or "" (the message shows ``flag example``).
-    """
+    """``value``, unless it is missing. Raises TunerError: ``value`` is None or "" (the message shows ``flag
+    example``)."""
     if value is None or value == "":
         raise TunerError(f"{flag} is required, e.g. {flag} {example}")
     return value
@@ -251,11 +241,8 @@ def study_flags(study: str, results_dir: Path) -> list[str]:
 
 
 def check_study_name(name: str) -> str:
-    """``name``, if it obeys the rule ``tune --study`` applies (the same rule, the same message).
-
-    Raises:
-        TunerError: the name is not 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit.
-    """
+    """``name``, if it obeys the rule ``tune --study`` applies (the same rule, the same message). Raises TunerError: the
+    name is not 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit."""
     from tuner.study import TuneConfig, _validate_config
 
     _validate_config(TuneConfig.from_dict({"model": "-", "gpus": "-", "study": name}))  # checks only the study name
@@ -282,10 +269,8 @@ def recorded_storage(config_yaml: Path) -> str | None:
 
 def load_study(study: str | None, storage: str | None, results_dir: Path, *, writes: bool = False) -> Any:
     """The Optuna study ``study`` (``--storage``, else the one ``config.yaml`` records, else
-    ``results/<study>/study.db``), a SQLite file opened read-only unless the command ``writes`` to it.
-
-    Raises:
-        TunerError: no or a bad ``--study``, no such database or study, or a storage that cannot be opened."""
+    ``results/<study>/study.db``), a SQLite file opened read-only unless the command ``writes`` to it. Raises
+    TunerError: no or a bad ``--study``, no such database or study, or a storage that cannot be opened."""
     import optuna
 
     name = check_study_name(require(study, "--study", "MiniMax-M2-8x8xH200-s8192-gbs128"))
@@ -338,11 +323,8 @@ def load_study(study: str | None, storage: str | None, results_dir: Path, *, wri
 
 
 def study_context(st: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
-    """(model, cluster, workload, config) a study made by ``tune`` was evaluated with (as stored in it).
-
-    Raises:
-        TunerError: the study was not made by ``tune`` (its inputs are not stored in it).
-    """
+    """(model, cluster, workload, config) a study made by ``tune`` was evaluated with (as stored in it). Raises
+    TunerError: the study was not made by ``tune`` (its inputs are not stored in it)."""
     from specs import Workload, parse_gpus
     from tuner.study import model_spec_from_dict
 
@@ -487,11 +469,9 @@ LoraTargetsOpt = Annotated[str | None, typer.Option("--lora-target-modules", ric
 
 def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter],
                  build: Callable[[dict[str, Any]], Any], what: str) -> Any:
-    """``func`` with the options ``added`` in place of its parameter ``param``, which gets
-    ``build(their values by name)`` (a ``kind``): how a command takes many options as one object.
-
-    Raises:
-        TypeError: ``func`` has no ``param``, or a parameter named as an added option."""
+    """``func`` with the options ``added`` in place of its parameter ``param``, which gets ``build(their values by
+    name)`` (a ``kind``): how a command takes many options as one object. Raises TypeError: ``func`` has no ``param``,
+    or a parameter named as an added option."""
     sig = inspect.signature(func, eval_str=True)
     if param not in sig.parameters:
         raise TypeError(f"{func.__name__}: @{what.replace(' ', '_')} needs a `{param}: {kind}` parameter")
@@ -512,24 +492,16 @@ def fold_options(func: Any, param: str, kind: str, added: list[inspect.Parameter
 
 
 def run_options(func: Any) -> Any:
-    """Give a command ``--stack`` and every run flag (:data:`RUN_FLAG_OPTIONS`); the command takes them as one
-    ``run: RunChoice`` (the preset's name and the :class:`specs.stacks.RunFlags` given).
-
-    Raises:
-        TypeError: ``func`` has no ``run`` parameter, or one of its own parameters has a run flag's name.
-    """
-    import inspect
-
+    """Give a command ``--stack`` and every run flag (:data:`RUN_FLAG_OPTIONS`); the command takes them as one ``run:
+    RunChoice`` (the preset's name and the :class:`specs.stacks.RunFlags` given). Raises TypeError: ``func`` has no
+    ``run`` parameter, or one of its own parameters has a run flag's name."""
     from specs.stacks import RunFlags
 
     task_names = ("task", "lora_rank", "lora_target_modules")
-    added = [inspect.Parameter("stack", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=StackOpt),
-             inspect.Parameter("task", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=TaskOpt),
-             inspect.Parameter("lora_rank", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=LoraRankOpt),
-             inspect.Parameter("lora_target_modules", inspect.Parameter.KEYWORD_ONLY, default=None,
-                               annotation=LoraTargetsOpt)]
-    added += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a) for n,
-              a in RUN_FLAG_OPTIONS.items()]
+    options = {"stack": StackOpt, "task": TaskOpt, "lora_rank": LoraRankOpt, "lora_target_modules": LoraTargetsOpt,
+               **RUN_FLAG_OPTIONS}
+    added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a)
+             for n, a in options.items()]
 
     def build(v: dict[str, Any]) -> RunChoice:
         given = {n: v[n] for n in RUN_FLAG_OPTIONS}
@@ -553,10 +525,7 @@ class RunChoice:
 
     def workload_kw(self) -> dict[str, Any]:
         """``--task``, ``--lora-rank`` and ``--lora-target-modules`` as :class:`specs.Workload` fields (those given).
-
-        Raises:
-            TunerError: ``--lora-rank`` or ``--lora-target-modules`` without ``--task lora``.
-        """
+        Raises TunerError: ``--lora-rank`` or ``--lora-target-modules`` without ``--task lora``."""
         kw: dict[str, Any] = {}
         if self.task is not None:
             kw["task"] = self.task.strip().lower()
@@ -569,11 +538,8 @@ class RunChoice:
         return kw
 
     def resolve(self, precision: str = "bf16", megatron_core: str | None = None) -> Any:
-        """:func:`specs.stacks.resolve_run_options` of these flags: a :class:`specs.stacks.StackRun`.
-
-        Raises:
-            TunerError: an unknown stack or value, or contradictory flags.
-        """
+        """:func:`specs.stacks.resolve_run_options` of these flags: a :class:`specs.stacks.StackRun`. Raises TunerError:
+        an unknown stack or value, or contradictory flags."""
         from specs.stacks import resolve_run_options
 
         return resolve_run_options(self.flags, self.stack, precision=precision, megatron_core=megatron_core)

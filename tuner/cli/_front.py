@@ -11,8 +11,6 @@ from rich.table import Table
 
 from tuner.cli._common import out, print_command, say
 
-__all__ = ["print_front", "print_ties", "table_rows"]
-
 
 def table_rows(front: list[dict[str, Any]], top: int, keep: int | None = None) -> list[dict[str, Any]]:
     """The rows of ``front`` the table prints: the first ``top`` (all when ``top`` <= 0), the last of them replaced by
@@ -26,17 +24,9 @@ def table_rows(front: list[dict[str, Any]], top: int, keep: int | None = None) -
 
 def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: str = "tune pareto --top 0",
                 best_trial: int | None = None) -> None:
-    """The Pareto table in seven columns that fit 80 (its ``trial`` column numbers the points of ``pareto.png``; a
-    selective recompute shows its modules, short: ``act+ln+attn``); then how many rows were left out. Offload,
-    dispatcher, layer split, MFU and $/1M tokens are in ``pareto.csv`` and ``report.html``.
-
-    Args:
-        front: rows of :func:`tuner.report.front_rows`, fastest first.
-        top: rows to print (0 = all).
-        title: the table's title.
-        more_hint: where the rest is, e.g. ``tune pareto --study NAME --top 0`` (shell-quoted).
-        best_trial: the best layout's trial, always among the rows printed when it is on the front.
-    """
+    """The Pareto table (rows of :func:`tuner.report.front_rows`, fastest first; the first ``top``, 0 = all, with
+    ``best_trial`` among them) in seven columns that fit 80; then how many rows were left out and ``more_hint``, the
+    command that shows them. The other columns are in ``pareto.csv`` and ``report.html``."""
     out.print(title)  # not the table's title: rich wraps a title to the table's width
     t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
     columns: list[tuple[str, JustifyMethod]] = [("trial", "right"), ("layout", "left"), ("recompute", "left"),

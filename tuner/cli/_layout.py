@@ -1,10 +1,5 @@
-"""The layout options of ``tune estimate`` and ``tune check``, declared once.
-
-:class:`LayoutFlags` is one dataclass whose fields carry their ``typer.Option`` (flag names, help,
-panel) in their metadata, as megatron-core's dataclasses carry their argparse metadata.
-:func:`layout_options` adds every field as an option to a command and hands the command one
-``layout: LayoutFlags``; :meth:`LayoutFlags.to_layout` turns the flags into a :class:`Layout`.
-"""
+"""The layout options of ``tune estimate`` and ``tune check``, declared once: :class:`LayoutFlags`'s fields carry
+their ``typer.Option`` in their metadata; :func:`layout_options` gives a command all of them as one ``layout``."""
 
 from __future__ import annotations
 
@@ -20,8 +15,6 @@ import typer
 from specs.errors import InfeasibleLayout, TunerError, enum_member
 from specs.layout import Dispatcher, RecomputeGranularity, RecomputeMethod
 from tuner.cli._common import fold_options
-
-__all__ = ["LayoutFlags", "layout_options", "apply_layout_string", "split_hint"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,22 +57,17 @@ class LayoutFlags:
 
     @property
     def vpp_given(self) -> bool:
-        """``--vpp`` other than its default."""
         return self.vpp != 1
 
     @property
     def split_given(self) -> bool:
-        """``--first-stage-layers`` or ``--last-stage-layers`` given."""
         return bool(self.first_stage_layers or self.last_stage_layers)
 
     def to_layout(self, world_size: int) -> Any:
         """The :class:`Layout` of these flags on ``world_size`` GPUs, Megatron's defaults filling in (selective
         recompute of ``core_attn``; full recompute ``uniform`` over 1 layer; sequence parallelism when TP > 1); the
-        pipeline string is applied by :func:`apply_layout_string`.
-
-        Raises:
-            TunerError: ``--recompute-modules`` without ``--recompute selective``, or a value :class:`Layout`
-                refuses."""
+        pipeline string is applied by :func:`apply_layout_string`. Raises TunerError: ``--recompute-modules`` without
+        ``--recompute selective``, or a value :class:`Layout` refuses."""
         from specs.layout import Layout
 
         gran = self.recompute
@@ -107,23 +95,14 @@ class LayoutFlags:
                       use_distributed_optimizer=not self.no_distributed_optimizer)
 
 
-def _parameters() -> list[inspect.Parameter]:
-    hints = typing.get_type_hints(LayoutFlags)
-    return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
-                              annotation=Annotated[hints[f.name], f.metadata["option"]])
-            for f in dataclasses.fields(LayoutFlags)]
-
-
-_PARAMETERS = _parameters()
-_NAMES = tuple(p.name for p in _PARAMETERS)
+_HINTS = typing.get_type_hints(LayoutFlags)
+_PARAMETERS = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                 annotation=Annotated[_HINTS[f.name], f.metadata["option"]])
+               for f in dataclasses.fields(LayoutFlags)]
 
 
 def layout_options(func: F) -> F:
-    """Give a command every :class:`LayoutFlags` option; the command takes them as one ``layout: LayoutFlags``.
-
-    Raises:
-        TypeError: ``func`` has no ``layout`` parameter, or one of its own parameters has a layout flag's name.
-    """
+    """Give a command every :class:`LayoutFlags` option, taken as one ``layout: LayoutFlags`` (:func:`fold_options`)."""
     return fold_options(func, "layout", "LayoutFlags", _PARAMETERS, lambda v: LayoutFlags(**v), "layout options")  # type: ignore[no-any-return]
 
 
@@ -163,12 +142,9 @@ def split_hint(model: Any, lay: Any) -> str:
 
 def apply_layout_string(lay: Any, model: Any, text: str, *, vpp_given: bool, split_given: bool) -> tuple[Any, bool,
                                                                                                          str]:
-    """(layout with vpp / first / last from a ``--pipeline-model-parallel-layout`` string, whether the split rules
-    must be skipped (a valid string not of the first/last form), a note).
-
-    Raises:
-        InfeasibleLayout: the string breaks Megatron's rules or contradicts --vpp / --first-stage-layers /
-            --last-stage-layers."""
+    """(layout with vpp / first / last from a ``--pipeline-model-parallel-layout`` string, whether the split rules must
+    be skipped (a valid string not of the first/last form), a note). Raises InfeasibleLayout: the string breaks
+    Megatron's rules or contradicts --vpp / --first-stage-layers / --last-stage-layers."""
     from search_spaces.pipeline import LAYOUT_RULE_ID, layer_counts_from_string, stage_layer_counts
 
     counts = layer_counts_from_string(text, lay.pp, model.num_layers, model.mtp_num_layers)

@@ -4,45 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, TypedDict
+from typing import Annotated, Any
 
 import typer
 
 from tuner.cli._common import GIB, Col, fitted_table, out, say
 
-__all__ = ["app", "models", "gpus"]
-
 app = typer.Typer()
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the list as JSON (every field, at any width).")]
-
-
-class ModelRow(TypedDict):
-    """One model preset in ``tune models --json``."""
-
-    name: str
-    layers: int
-    hidden: int
-    heads: int
-    query_groups: int
-    experts: int
-    topk: int
-    active_params: int
-    total_params: int
-    source: str
-
-
-class GpuRow(TypedDict):
-    """One GPU type in ``tune gpus --json``: memory in GiB, peaks in TFLOP/s, HBM in TB/s, NVLink in GB/s each way."""
-
-    name: str
-    memory_gib: float
-    bf16_tflops: float
-    fp8_tflops: float | None
-    hbm_tb_per_s: float
-    nvlink_gb_per_s_per_direction: float
-    gpus_per_node: int
-    nvlink_domain: int
 
 
 @app.command()
@@ -50,7 +20,7 @@ def models(as_json: JsonOpt = False) -> None:
     """List the bundled model presets."""
     from specs import list_models, load_model
 
-    rows: list[ModelRow] = []
+    rows: list[dict[str, Any]] = []
     for n in list_models():
         m = load_model(n)
         rows.append({"name": n, "layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_attention_heads,
@@ -74,7 +44,7 @@ def gpus(as_json: JsonOpt = False) -> None:
     """List the bundled GPU types and their datasheet numbers."""
     from specs import list_gpus, load_gpu
 
-    rows: list[GpuRow] = []
+    rows: list[dict[str, Any]] = []
     for n in list_gpus():
         g = load_gpu(n)
         rows.append({"name": g.name, "memory_gib": g.hbm_bytes / GIB, "bf16_tflops": g.peak_flops_bf16 / 1e12,

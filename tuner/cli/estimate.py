@@ -13,44 +13,17 @@ from rich.markup import escape
 from cost_model.fidelity import gaps
 from cost_model.uncertainty import error_bars
 from specs.errors import InfeasibleLayout, TunerError
-from tuner.cli._common import (
-    GIB,
-    CalOpt,
-    Col,
-    GbsOpt,
-    GpusOpt,
-    HeadroomOpt,
-    HostMemOpt,
-    LayersOpt,
-    MegatronCoreOpt,
-    ModelOpt,
-    NetOpt,
-    NetworkOpt,
-    PerNodeOpt,
-    PrecOpt,
-    PriceOpt,
-    RunChoice,
-    SeqOpt,
-    err,
-    fitted_table,
-    out,
-    require,
-    run_options,
-    say,
-)
+from tuner.cli import _common as C
+from tuner.cli._common import GIB, Col, RunChoice, err, fitted_table, out, require, run_options, say
 from tuner.cli._from import FromOpt
 from tuner.cli._layout import LayoutFlags, apply_layout_string, layout_options, split_hint
-
-__all__ = ["app", "estimate", "check"]
 
 app = typer.Typer()
 
 
 def estimable_layout(layout: LayoutFlags, m: Any, w: Any, c: Any, opts: Any) -> Any:
     """The layout the flags give, with ``--pipeline-layout`` applied, as ``estimate`` and ``timeline`` estimate it.
-
-    Raises:
-        TunerError: a layout string the cost model cannot represent, or a network / release rule broken."""
+    Raises TunerError: a layout string the cost model cannot represent, or a network / release rule broken."""
     lay = layout.to_layout(c.num_gpus)
     if layout.pipeline_layout is not None:
         lay, odd, _ = apply_layout_string(lay, m, layout.pipeline_layout, vpp_given=layout.vpp_given,
@@ -76,24 +49,20 @@ def rule_error(ex: InfeasibleLayout, m: Any, lay: Any) -> TunerError:
 
 
 def refuse_env_rules(lay: Any, m: Any, w: Any, c: Any, opts: Any) -> None:
-    """Refuse a layout that breaks a rule of the cluster's network or the megatron-core release (``dispatcher_fabric``,
-    ``query_groups_tp``): the estimate itself does not check them (the search's enumeration does).
-
-    Raises:
-        TunerError: the first such rule broken, with its reason.
-    """
+    """Raise a TunerError for the first rule of the cluster's network or the megatron-core release the layout breaks
+    (``dispatcher_fabric``, ``query_groups_tp``): the estimate does not check them (the search's enumeration does)."""
     from search_spaces.rules import RuleEnv, check_layout
 
-    broken = [(r, why) for r,
-              why in check_layout(lay, m, w, RuleEnv.of(c, opts)) if r in ("dispatcher_fabric", "query_groups_tp")]
+    broken = [(r, why) for r, why in check_layout(lay, m, w, RuleEnv.of(c, opts))
+              if r in ("dispatcher_fabric", "query_groups_tp")]
     if broken:
         raise TunerError(f"the layout breaks rule {broken[0][0]}: {broken[0][1]}")
 
 
 def _inputs(model: str | None, gpus: str | None, gpus_per_node: int | None, network_gbps: float | None,
-            usd: float | None,
-            seq_len: int, global_batch: int, precision: str, layers: int | None, network: str | None = None,
-            host_memory_gib: float | None = None, task: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
+            usd: float | None, seq_len: int, global_batch: int, precision: str, layers: int | None,
+            network: str | None = None, host_memory_gib: float | None = None,
+            task: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
     """(model, cluster, workload) of the command line; ``layers`` slices the model as ``tune --layers`` does.
 
     Raises:
@@ -126,11 +95,11 @@ def estimate(
     layout: LayoutFlags,
     run: RunChoice,
     from_file: FromOpt = None,
-    model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None,
-    network_gbps: NetOpt = None,
-    usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
-    calibration: CalOpt = None, memory_headroom: HeadroomOpt = None,
-    network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None, host_memory_gib: HostMemOpt = None,
+    model: C.ModelOpt = None, gpus: C.GpusOpt = None, layers: C.LayersOpt = None, gpus_per_node: C.PerNodeOpt = None,
+    network_gbps: C.NetOpt = None, usd_per_gpu_hour: C.PriceOpt = None, seq_len: C.SeqOpt = 8192,
+    global_batch: C.GbsOpt = 128, precision: C.PrecOpt = "bf16", calibration: C.CalOpt = None,
+    memory_headroom: C.HeadroomOpt = None, network: C.NetworkOpt = None, megatron_core: C.MegatronCoreOpt = None,
+    host_memory_gib: C.HostMemOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the estimate as JSON.")] = False,
     plot: Annotated[Path | None, typer.Option("--plot", help=(
         "Also draw the memory and time parts as stacked bars (PNG)."))] = None,
@@ -172,16 +141,11 @@ def estimate(
     d.update(predicted_low=lo, predicted_high=hi, peak_gib_low=mlo / GIB, peak_gib_high=mhi / GIB,
              error_bars=bars.to_dict(), fit=(("fits" if e.fits else "does not fit") if memory_headroom is not None else
                                              bars.fit_verdict(e.peak_bytes, e.hbm_bytes)))
-    d["pipeline_model_parallel_layout"] = pipeline_layout_of(lay, m)
-    d["network"] = c.network.key if c.network else None
-    d["megatron_core"] = opts.megatron_core
-    d["warnings"] = layout_warnings(lay, m, opts)
     found = gaps(lay, m, c.gpu, cal)
-    d["known_gaps"] = [g.long for g in found]
-    d["stack"] = stack.preset.name
-    d["task"] = w.task
-    d["run_flags"] = list(stack.overrides)
-    d["run_options"] = run_options_dict(opts)
+    d.update(pipeline_model_parallel_layout=pipeline_layout_of(lay, m), network=c.network.key if c.network else None,
+             megatron_core=opts.megatron_core, warnings=layout_warnings(lay, m, opts),
+             known_gaps=[g.long for g in found], stack=stack.preset.name, task=w.task, run_flags=list(stack.overrides),
+             run_options=run_options_dict(opts))
     if launch is not None:
         from tuner.cli._from import launch_summary
 
@@ -204,9 +168,10 @@ def estimate(
 @app.command()
 @layout_options
 @run_options
-def check(layout: LayoutFlags, run: RunChoice, model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None,
-          gpus_per_node: PerNodeOpt = None, seq_len: SeqOpt = 8192, global_batch: GbsOpt = 128,
-          precision: PrecOpt = "bf16", network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None) -> None:
+def check(layout: LayoutFlags, run: RunChoice, model: C.ModelOpt = None, gpus: C.GpusOpt = None,
+          layers: C.LayersOpt = None, gpus_per_node: C.PerNodeOpt = None, seq_len: C.SeqOpt = 8192,
+          global_batch: C.GbsOpt = 128, precision: C.PrecOpt = "bf16", network: C.NetworkOpt = None,
+          megatron_core: C.MegatronCoreOpt = None) -> None:
     """Is a layout valid under Megatron's rules? Lists every rule it breaks (exit 2 if any).
 
     With --pipeline-layout the string is checked with Megatron's layout grammar and rules, and the
@@ -236,7 +201,12 @@ def check(layout: LayoutFlags, run: RunChoice, model: ModelOpt = None, gpus: Gpu
     notes += [f"warning: {x}" for x in layout_warnings(lay, m, opts)]
     policy = [(r, why) for r, why in broken if r in POLICY_RULES]
     broken = [(r, why) for r, why in broken if r not in POLICY_RULES]
-    if not broken:
+    if broken:
+        out.print(f"[red]invalid[/]: {lay.label} breaks {len(broken)} rule(s):")
+        for rid, reason in broken:
+            hint = split_hint(m, lay) if rid == "pipeline_split" and layout.pipeline_layout is None else ""
+            say(f"{reason}{hint}", label=f"[{rid}]", markup=False)
+    else:
         from tuner.report import pipeline_layout_of
 
         out.print(f"[green]valid[/]: {lay.label} ({escape(m.name)}, {c.num_gpus} GPUs, seq {w.seq_length}, gbs "
@@ -244,18 +214,12 @@ def check(layout: LayoutFlags, run: RunChoice, model: ModelOpt = None, gpus: Gpu
         pls = layout.pipeline_layout or pipeline_layout_of(lay, m)
         if pls:
             out.print(f"  --pipeline-model-parallel-layout '{pls}'", markup=False)
-        for rid, reason in policy:
-            say(f"(the tuner's own convention; Megatron accepts it): {reason}", label=f"note [{rid}]", markup=False)
-        for note in notes:
-            say(note, label="note:", markup=False)
-        return
-    out.print(f"[red]invalid[/]: {lay.label} breaks {len(broken)} rule(s):")
-    for rid, reason in broken:
-        hint = split_hint(m, lay) if rid == "pipeline_split" and layout.pipeline_layout is None else ""
-        say(f"{reason}{hint}", label=f"[{rid}]", markup=False)
     for rid, reason in policy:
         say(f"(the tuner's own convention; Megatron accepts it): {reason}", label=f"note [{rid}]", markup=False)
-    raise typer.Exit(code=2)
+    if broken:
+        raise typer.Exit(code=2)
+    for note in notes:
+        say(note, label="note:", markup=False)
 
 
 def _print_estimate(e: Any, d: dict[str, Any], lay: Any, m: Any, c: Any, w: Any, stack: Any, launch: Any,

@@ -1,13 +1,10 @@
 """A user's launch as the tuner's inputs: ``tune --from FILE``.
 
-:func:`read_launch` reads a Megatron-LM / slime argument list or shell script (``MODEL_ARGS=( ... )`` arrays and
-``NAME=value`` assignments expanded where the launch uses them, ``"${MODEL_ARGS[@]}"`` included), this project's
-``recipe.yaml`` (its ``run`` block, its model and GPU), a Megatron-Bridge override YAML or performance config
-(``ConfigContainer`` and ``perf_matrix``), or a NeMo-RL config. The launch's arguments are parsed with :mod:`argparse`
-and sorted three ways (:class:`LaunchFile`): **understood** (the model, the GPUs, the workload, the layout and the run
-options the cost model prices), **known without effect** on the estimate (:data:`NO_EFFECT_ARGS`: learning rate, paths,
-logging, RL rollout settings ...) and **not understood** (named, never dropped). The arguments that are not understood
-or have no effect are kept, in order, for the exported commands (:attr:`LaunchFile.user_args`). """
+:func:`read_launch` reads a Megatron-LM / slime argument list or shell script (:mod:`.shell`), this project's
+``recipe.yaml``, a Megatron-Bridge override YAML or performance config (:mod:`.bridge`) or a NeMo-RL config
+(:mod:`.nemo_rl`). Its arguments are sorted three ways (:class:`LaunchFile`): understood (what the cost model
+prices), known without effect on the estimate (:data:`NO_EFFECT_ARGS`) and not understood (named, never dropped);
+the last two are kept, in order, for the exported commands."""
 
 from __future__ import annotations
 
@@ -42,13 +39,10 @@ def read_launch(path: str | Path, *, model: str | None = None, gpus: str | None 
                 fp8_recipe: str | None = None) -> LaunchFile:
     """Read the launch file ``path`` (see the module docstring); ``model`` (``--model``) names the model when given;
     ``gpus``, ``precision`` and ``fp8_recipe`` (``--gpus``, ``--precision``, ``--fp8-recipe``) pick the entry of a
-    Megatron-Bridge performance config's ``perf_matrix`` (:func:`_perf_matrix_args`).
-
-    Raises:
-        TunerError: the file cannot be read, is none of the accepted forms (a shell script or argument list with a
-            command that has ``--`` arguments, a Megatron-Bridge YAML, a NeMo-RL config or a ``recipe.yaml`` with a
-            ``run`` block), or names a model that is neither a preset nor given with ``--model``.
-    """
+    Megatron-Bridge performance config's ``perf_matrix`` (:func:`_perf_matrix_args`). Raises TunerError: the file cannot
+    be read, is none of the accepted forms (a shell script or argument list with a command that has ``--`` arguments, a
+    Megatron-Bridge YAML, a NeMo-RL config or a ``recipe.yaml`` with a ``run`` block), or names a model that is neither
+    a preset nor given with ``--model``."""
     p = Path(path)
     label = f"--from {str(p)!r}"
     accepted = ("accepted: a Megatron-LM / slime argument list or shell script, a Megatron-Bridge override YAML "
@@ -63,7 +57,9 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
                  precision: str | None, fp8_recipe: str | None) -> LaunchFile:
     if p.suffix in (".yaml", ".yml"):
         doc = read_user_yaml(text, label)
-        if isinstance(doc, Mapping) and isinstance(doc.get("policy"), Mapping):
+        if not isinstance(doc, Mapping):
+            raise TunerError(f"{label}: a YAML file of none of the accepted forms; {accepted}")
+        if isinstance(doc.get("policy"), Mapping):
             argv, names, hf, nodes, per_node, task = _nemo_rl_args(_nemo_rl_doc(p, doc, label), label)
             given = model or _preset_of_hf(hf)
             if given is None:
@@ -72,10 +68,9 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
             lf = _read_args(p, "nemo-rl", [], argv, given, None, names=names)
             return replace(lf, stack="nemo-rl", nodes=nodes or lf.nodes, gpus_per_node=per_node or lf.gpus_per_node,
                            task=task or lf.task)
-        if isinstance(doc, Mapping) and isinstance(doc.get("ConfigContainer"), Mapping):  # a performance config
+        if isinstance(doc.get("ConfigContainer"), Mapping):  # a performance config
             argv, names = _bridge_args(doc["ConfigContainer"], label)
-            others = [k for k in doc if k not in ("ConfigContainer", "perf_matrix")]
-            for k in others:
+            for k in (k for k in doc if k not in ("ConfigContainer", "perf_matrix")):
                 argv.append(f"--{k}")
                 names[f"--{k}"] = str(k)
             if not isinstance(doc.get("perf_matrix"), Mapping):
@@ -89,13 +84,12 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
             if count % per_node:
                 raise TunerError(f"{label}: perf_matrix: {count} GPUs are not whole nodes of {per_node}")
             return replace(lf, gpu=spec.name, nodes=count // per_node, gpus_per_node=per_node)
-        if isinstance(doc, Mapping) and any(k in doc for k in ("model", "train", "ddp",
-                                                          "optimizer")) and "schema_version" not in doc:
+        if any(k in doc for k in ("model", "train", "ddp", "optimizer")) and "schema_version" not in doc:
             argv, names = _bridge_args(doc, label)
             lf = _some_understood(_read_args(p, "megatron-bridge", [], argv, model, None, names=names), label,
                                   accepted)
             return replace(lf, task=_lora_of(doc, label) or lf.task)
-        if not (isinstance(doc, Mapping) and isinstance(doc.get("run"), str) and "schema_version" in doc):
+        if not (isinstance(doc.get("run"), str) and "schema_version" in doc):
             raise TunerError(f"{label}: a YAML file of none of the accepted forms; {accepted}")
         gpu = _section(doc, "gpu")
         launcher, argv = _safe_args(doc["run"], label, accepted)
@@ -109,11 +103,9 @@ def _read_launch(p: Path, text: str, label: str, accepted: str, model: str | Non
 
 
 def _some_understood(lf: LaunchFile, label: str, accepted: str) -> LaunchFile:
-    """``lf``, a Megatron-Bridge YAML read, when the tuner knows at least one of its settings (understood, or known
-    to have no effect on the estimate).
-
-    Raises:
-        TunerError: nothing in it is understood (e.g. a YAML with a ``model`` key that is no Bridge config)."""
+    """``lf``, a Megatron-Bridge YAML read, when the tuner knows at least one of its settings (understood, or known to
+    have no effect on the estimate). Raises TunerError: nothing in it is understood (e.g. a YAML with a ``model`` key
+    that is no Bridge config)."""
     if not lf.understood and not lf.no_effect:
         raise TunerError(f"{label}: none of its settings is one the tuner reads ({lf.short_summary(limit=4)}); "
                          f"{accepted}")

@@ -4,6 +4,7 @@ and not understood (:class:`LaunchFile`); the model preset the architecture argu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -75,11 +76,9 @@ class LaunchFile:
 
     path: Path
     kind: str
-    """``shell`` (an argument list or script), ``recipe`` (this project's ``recipe.yaml``), ``megatron-bridge`` (an
-    override YAML: its sections' settings as Megatron-LM's arguments) or ``nemo-rl`` (a NeMo-RL config with its
-    ``defaults:`` files merged: ``policy.megatron_cfg`` read as Megatron-Bridge's settings)."""
+    """``shell``, ``recipe``, ``megatron-bridge`` or ``nemo-rl``."""
     stack: str
-    """The stack the launch is written for: ``slime`` or ``megatron-lm``."""
+    """The stack the launch is written for (a :mod:`specs.stacks` preset)."""
     model: str | None = None
     """The model preset the architecture arguments identify (or the recipe's), None when the file names none."""
     num_layers: int | None = None
@@ -101,8 +100,6 @@ class LaunchFile:
     user_args: tuple[str, ...] = ()
     """The launch's arguments without effect or not understood, with their values, in order: the exports keep them."""
     task: LaunchTask | None = None
-    """``task``, ``lora_rank``, ``lora_target_modules`` when the file trains LoRA adapters (NeMo-RL
-    ``policy.megatron_cfg.peft.enabled``, a Megatron-Bridge YAML's LoRA ``peft``), else None."""
 
     @property
     def summary(self) -> str:
@@ -110,9 +107,7 @@ class LaunchFile:
         return self.short_summary(limit=None)
 
     def short_summary(self, limit: int | None = 6) -> str:
-        """:attr:`summary` with at most ``limit`` names of those not understood and none of those without effect
-        (None: every name)."""
-
+        """:attr:`summary` with at most ``limit`` names of those not understood and none of those without effect."""
         def names(xs: tuple[str, ...]) -> str:
             shown = xs if limit is None else xs[:limit]
             return " ".join(shown) + (f" and {len(xs) - len(shown)} more" if len(xs) > len(shown) else "")
@@ -132,8 +127,7 @@ _BRIDGE_NO_EFFECT = frozenset({
     "--check-for-nan-in-grad", "--check-for-large-grads", "--data-parallel-sharding-strategy",
     "--gradient-accumulation-fusion", "--use-torch-fsdp2", "--bf16", "--params-dtype", "--pipeline-dtype",
     "--autocast-dtype", "--autocast-enabled", "--grad-reduce-in-fp32", "--overlap-param-gather", "--data-path",
-    "--blend", "--split",
-    "--num-workers", "--dataloader-type", "--random-seed", "--use-custom-fsdp"})
+    "--blend", "--split", "--num-workers", "--dataloader-type", "--random-seed", "--use-custom-fsdp"})
 
 
 #: Megatron-LM's flags that count the embedding / the loss as one layer of the first / last pipeline rank's share.
@@ -158,21 +152,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer-offload-fraction", type=float)
     p.add_argument("--recompute-modules", nargs="+")
     p.add_argument("--cuda-graph-scope", "--cuda-graph-modules", nargs="+", dest="cuda_graph_scope")
-    for a in ("--sequence-parallel", "--use-dynamic-batch-size", "--use-distributed-optimizer",
-              "--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d",
-              "--moe-enable-deepep", "--bf16", "--fp16", "--accumulate-allreduce-grads-in-fp32",
-              "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion", "--moe-permute-fusion", "--fp8-param-gather",
-              "--overlap-grad-reduce", "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap",
-              "--moe-router-force-load-balancing", "--use-megatron-fsdp", "--no-rope-fusion",
-              "--no-bias-swiglu-fusion", "--enable-cuda-graph", "--external-cuda-graph", "--rope-fusion",
-              "--bias-swiglu-fusion", "--recompute-activations", *_ACCOUNT_FLAGS):
+    negatable = ("--sequence-parallel", "--use-distributed-optimizer", "--use-precision-aware-optimizer",
+                 "--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d", "--moe-enable-deepep", "--fp16",
+                 "--cross-entropy-loss-fusion", "--moe-permute-fusion", "--fp8-param-gather", "--overlap-grad-reduce",
+                 "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap", "--moe-router-force-load-balancing",
+                 "--use-megatron-fsdp", *_ACCOUNT_FLAGS)
+    for a in (*negatable, "--use-dynamic-batch-size", "--bf16", "--accumulate-allreduce-grads-in-fp32",
+              "--grad-reduce-in-bf16", "--no-rope-fusion", "--no-bias-swiglu-fusion", "--enable-cuda-graph",
+              "--external-cuda-graph", "--rope-fusion", "--bias-swiglu-fusion", "--recompute-activations"):
         p.add_argument(a, action="store_true", default=None)
-    for a in ("--sequence-parallel", "--use-distributed-optimizer", "--use-precision-aware-optimizer",
-              "--optimizer-cpu-offload", *_ACCOUNT_FLAGS,
-              "--cross-entropy-loss-fusion", "--moe-permute-fusion", "--fp8-param-gather", "--overlap-grad-reduce",
-              "--overlap-moe-expert-parallel-comm", "--tp-comm-overlap", "--moe-router-force-load-balancing",
-              "--use-megatron-fsdp", "--moe-enable-deepep", "--overlap-cpu-optimizer-d2h-h2d", "--fp16"):
-        # a Megatron-Bridge YAML's false
+    for a in negatable:  # a Megatron-Bridge YAML's false
         p.add_argument("--no-" + a[2:], dest=a[2:].replace("-", "_"), action="store_false")
     return p
 
@@ -224,11 +213,8 @@ def _flag_values(argv: Sequence[str], names: set[str] | frozenset[str]) -> tuple
 
 
 def _identify_model(arch: Mapping[str, list[str]], given: str | None) -> tuple[str | None, int | None, tuple[str, ...]]:
-    """(preset, slice layers, notes) the architecture arguments ``arch`` name; ``given`` (``--model``) wins.
-
-    Raises:
-        TunerError: architecture arguments that match no preset (and no ``--model``).
-    """
+    """(preset, slice layers, notes) the architecture arguments ``arch`` name; ``given`` (``--model``) wins. Raises
+    TunerError: architecture arguments that match no preset (and no ``--model``)."""
     from launch.exporters._flags import model_args
     from specs import list_models, load_model
 
@@ -277,10 +263,8 @@ def _identify_model(arch: Mapping[str, list[str]], given: str | None) -> tuple[s
 def _other_model(arch: Mapping[str, list[str]], given: str, names: Mapping[str, str], label: str) -> None:
     """Refuse a Megatron-Bridge YAML whose architecture settings (:data:`_BRIDGE_IDENTITY`, ``num_layers`` above the
     preset's) are not those of the ``--model`` preset ``given``; a setting the preset leaves unset is compared only for
-    ``num_experts`` (a MoE file against a dense preset). Settings the file does not give are not compared.
-
-    Raises:
-        TunerError: a setting differs, naming each with the file's and the preset's value."""
+    ``num_experts`` (a MoE file against a dense preset). Settings the file does not give are not compared. Raises
+    TunerError: a setting differs, naming each with the file's and the preset's value."""
     from launch.exporters._flags import model_args
     from specs import load_model
 
@@ -340,15 +324,12 @@ def _layout_of(ns: argparse.Namespace, slime: bool) -> dict[str, Any]:
 
 
 def _vpp_of_stage_layers(ns: argparse.Namespace, arch: Mapping[str, list[str]], model: str | None, label: str) -> int:
-    """The virtual pipeline size ``--num-layers-per-virtual-pipeline-stage N`` gives, as Megatron-LM's
-    ``validate_args`` computes it (megatron/training/arguments.py): ``L // pp // N``, ``L`` the launch's
-    ``--num-layers`` (else the model's layer count), plus one for each of ``--account-for-embedding-in-pipeline-split``
-    and ``--account-for-loss-in-pipeline-split``.
-
-    Raises:
-        TunerError: the layer count is unknown (no ``--num-layers`` and no model), another way of giving the virtual
-            pipeline is given too, a first/last stage size is given, or the counts do not divide (Megatron's asserts).
-    """
+    """The virtual pipeline size ``--num-layers-per-virtual-pipeline-stage N`` gives, as Megatron-LM's ``validate_args``
+    computes it (megatron/training/arguments.py): ``L // pp // N``, ``L`` the launch's ``--num-layers`` (else the
+    model's layer count), plus one for each of ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split``. Raises TunerError: the layer count is unknown (no ``--num-layers`` and no
+    model), another way of giving the virtual pipeline is given too, a first/last stage size is given, or the counts do
+    not divide (Megatron's asserts)."""
     n, pp = ns.num_layers_per_virtual_pipeline_stage, ns.pipeline_model_parallel_size or 1
     flag = f"--num-layers-per-virtual-pipeline-stage {n}"
     others = [a for a, v in (("--num-virtual-stages-per-pipeline-rank", ns.num_virtual_stages_per_pipeline_rank),
@@ -370,11 +351,8 @@ def _vpp_of_stage_layers(ns: argparse.Namespace, arch: Mapping[str, list[str]], 
 
 
 def _layer_count(arch: Mapping[str, list[str]], model: str | None, why: str) -> int:
-    """The launch's ``--num-layers``, else the model's layer count.
-
-    Raises:
-        TunerError: neither is known (``why`` names what needs it).
-    """
+    """The launch's ``--num-layers``, else the model's layer count. Raises TunerError: neither is known (``why`` names
+    what needs it)."""
     if "--num-layers" in arch and arch["--num-layers"]:
         return int(arch["--num-layers"][0])
     if model is not None:
@@ -398,12 +376,9 @@ def _accounted_split(ns: argparse.Namespace, arch: Mapping[str, list[str]], mode
     that counts the embedding and/or the loss as a layer (:data:`_ACCOUNT_FLAGS`), as Megatron-LM builds them
     (megatron/core/transformer/transformer_block.py ``get_num_layers_to_build`` at d98e8a64): each of the ``pp`` ranks
     holds ``(L + accounted) / pp`` of them, and the first rank's first virtual stage one decoder layer fewer for the
-    embedding, the last rank's last one fewer for the loss. Empty when neither flag is set or pp is 1.
-
-    Raises:
-        TunerError: an uneven split or layout string given too, counts that do not divide (Megatron-LM's asserts), or
-            a rank left without decoder layers (not modelled).
-    """
+    embedding, the last rank's last one fewer for the loss. Empty when neither flag is set or pp is 1. Raises
+    TunerError: an uneven split or layout string given too, counts that do not divide (Megatron-LM's asserts), or a rank
+    left without decoder layers (not modelled)."""
     pp = ns.pipeline_model_parallel_size or 1
     if not _accounted(ns) or pp == 1:
         return {}
@@ -432,24 +407,16 @@ def _accounted_split(ns: argparse.Namespace, arch: Mapping[str, list[str]], mode
 
 
 def _run_flags_of(ns: argparse.Namespace) -> RunFlags:
+    """The run flags of the parsed launch: each :class:`RunFlags` field is the argparse ``dest`` of its argument."""
     impl = ns.cuda_graph_impl or ("local" if ns.enable_cuda_graph else "transformer_engine"
                                   if ns.external_cuda_graph else None)
-    return RunFlags(
-        accumulate_allreduce_grads_in_fp32=ns.accumulate_allreduce_grads_in_fp32,
-        grad_reduce_in_bf16=ns.grad_reduce_in_bf16,
-        cross_entropy_loss_fusion=ns.cross_entropy_loss_fusion, cross_entropy_fusion_impl=ns.cross_entropy_fusion_impl,
-        cuda_graph_impl=impl,
-        cuda_graph_scope=tuple(ns.cuda_graph_scope) if ns.cuda_graph_scope and impl != "none" else None,
-        moe_permute_fusion=ns.moe_permute_fusion, fp8_recipe=ns.fp8_recipe, fp8_param_gather=ns.fp8_param_gather,
-        overlap_grad_reduce=ns.overlap_grad_reduce,
-        overlap_moe_expert_parallel_comm=ns.overlap_moe_expert_parallel_comm,
-        tp_comm_overlap=ns.tp_comm_overlap, moe_router_force_load_balancing=ns.moe_router_force_load_balancing,
-        cp_comm_type=ns.cp_comm_type, use_megatron_fsdp=ns.use_megatron_fsdp,
-        apply_rope_fusion=False if ns.no_rope_fusion else (True if ns.rope_fusion else None),
-        bias_swiglu_fusion=False if ns.no_bias_swiglu_fusion else (True if ns.bias_swiglu_fusion else None),
-        transformer_impl=ns.transformer_impl, cpu_offloading_num_layers=ns.cpu_offloading_num_layers,
-        optimizer=None if ns.optimizer in (None, "adam") else ns.optimizer,
-    )
+    same = {f.name: getattr(ns, f.name) for f in dataclasses.fields(RunFlags) if hasattr(ns, f.name)}
+    return RunFlags(**{
+        **same, "cuda_graph_impl": impl,
+        "cuda_graph_scope": tuple(ns.cuda_graph_scope) if ns.cuda_graph_scope and impl != "none" else None,
+        "apply_rope_fusion": False if ns.no_rope_fusion else (True if ns.rope_fusion else None),
+        "bias_swiglu_fusion": False if ns.no_bias_swiglu_fusion else (True if ns.bias_swiglu_fusion else None),
+        "optimizer": None if ns.optimizer in (None, "adam") else ns.optimizer})
 
 
 def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[str], model: str | None, gpu: str | None,
@@ -482,10 +449,9 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         # Megatron-LM's arguments.py: without --bf16 / --fp16 the run trains in fp32 (slime turns --bf16 on itself)
         raise TunerError(f"{label}: no --bf16 (or --fp8-format): Megatron-LM would train in fp32, which is not "
                          "modelled; accepted bf16 (--bf16) or fp8 (--fp8-format)")
-    understood = sorted({w.split("=")[0] for w in argv if w.startswith("--")} - {w.split("=")[0] for w in extras
-                                                                                 if w.startswith("--")})
-    if names:
-        understood = sorted({names.get(n, n) for n in understood})
+    rename = names or {}
+    understood = [rename.get(n, n) for n in {w.split("=")[0] for w in argv if w.startswith("--")}
+                  - {w.split("=")[0] for w in extras if w.startswith("--")}]
     no_effect: list[str] = []
     not_understood: list[str] = []
     understood_empty: list[str] = []
@@ -495,13 +461,11 @@ def _read_args(path: Path, kind: str, launcher: Sequence[str], argv: Sequence[st
         if w.startswith("--"):
             n = w.split("=")[0]
             if n.startswith("--empty:"):
-                understood_empty.append(names.get(n, n) if names else n)
+                understood_empty.append(rename.get(n, n))
                 continue
             positive = "--" + n[5:] if n.startswith("--no-") else n
             without = n in NO_EFFECT_ARGS or (names is not None and (positive in _BRIDGE_NO_EFFECT or "." in n))
-            if names and n.startswith("--nemo-rl."):
-                without = True
-            (no_effect if without else not_understood).append(names.get(n, n) if names else n)
+            (no_effect if without else not_understood).append(rename.get(n, n))
             keep = True
         # an array the file uses but neither sets nor sources: arguments unknown
         elif (v := _VAR.match(w)) and v.group(2):

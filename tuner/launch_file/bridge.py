@@ -4,6 +4,7 @@ Megatron-LM arguments."""
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping, Set
 from typing import Any
 
@@ -13,10 +14,8 @@ from tuner.launch_file.args import _BRIDGE_NO_EFFECT, NO_EFFECT_ARGS, LaunchTask
 
 #: Sections of a Megatron-Bridge ``ConfigContainer`` (``training/config.py``) whose settings do not change the estimate.
 _BRIDGE_NO_EFFECT_SECTIONS = frozenset({"scheduler", "logger", "checkpoint", "rng", "tokenizer", "validation",
-                                        "profiling",
-                                         "rerun_state_machine", "ft", "straggler", "nvrx_straggler",
-                                        "inprocess_restart",
-                                         "tensor_inspect", "env_vars"})
+                                        "profiling", "rerun_state_machine", "ft", "straggler", "nvrx_straggler",
+                                        "inprocess_restart", "tensor_inspect", "env_vars"})
 #: Sections read setting by setting.
 _BRIDGE_SECTIONS = frozenset({"model", "train", "dataset", "optimizer", "ddp", "dist", "comm_overlap",
                               "mixed_precision", "peft"})
@@ -41,10 +40,7 @@ def _near_miss(key: str, where: str, keys: frozenset[str], label: str) -> None:
     (:func:`difflib.get_close_matches`, cutoff 0.85) at most two letters off; a typo would silently leave the setting at
     Megatron's default. Real settings beside a read one (``fp4_recipe``, ``tp_comm_overlap_ag``,
     ``sequence_parallel_size`` in a dumped ``ConfigContainer``) differ by a digit or by more letters, and stay named as
-    not understood.
-
-    Raises:
-        TunerError: ``key`` is a typo of one of ``keys``."""
+    not understood. Raises TunerError: ``key`` is a typo of one of ``keys``."""
     for close in difflib.get_close_matches(key, keys - {key}, n=1, cutoff=0.85):
         ops = [op for op in difflib.SequenceMatcher(None, key, close).get_opcodes() if op[0] != "equal"]
         changed = key[ops[0][1]:ops[-1][2]] + close[ops[0][3]:ops[-1][4]] if ops else ""
@@ -56,11 +52,8 @@ def _near_miss(key: str, where: str, keys: frozenset[str], label: str) -> None:
 def _lora_of(doc: Mapping[str, Any], label: str = "the file") -> LaunchTask | None:
     """The task of a ``peft`` section of Megatron-Bridge's LoRA (``_target_`` ``megatron.bridge.peft.lora.LoRA``, or
     none: an override of a recipe's LoRA): its ``dim`` (Bridge's default 32) and ``target_modules``; None for no
-    ``peft`` section.
-
-    Raises:
-        TunerError: another adapter class (priced as LoRA it would be wrong, as full training wronger), or
-            ``exclude_modules`` (Bridge adapts every linear module but those; the tuner prices named targets)."""
+    ``peft`` section. Raises TunerError: another adapter class (priced as LoRA it would be wrong, as full training
+    wronger), or ``exclude_modules`` (Bridge adapts every linear module but those; the tuner prices named targets)."""
     peft = doc.get("peft")
     if not isinstance(peft, Mapping):
         return None
@@ -213,20 +206,15 @@ def _gpu_words(gpus: str | None) -> tuple[int | None, str | None]:
         return None, None
     parts = gpus.strip().split("x")
     nums = [int(x) for x in parts[:-1] if x.isdigit()]
-    count = 1
-    for n in nums:
-        count *= n
-    return (count if nums else None), parts[-1]
+    return (math.prod(nums) if nums else None), parts[-1]
 
 
 def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, precision: str | None,
                       fp8_recipe: str | None) -> tuple[list[str], dict[str, str], str, int, int | None]:
     """The ``perf_matrix`` entry (``{gpu: {num_gpus_N: {common, bf16, fp8_cs}}}``) of ``--gpus`` and ``--precision`` as
     Megatron-LM arguments: (arguments, each one's ``perf_matrix.gpu.num_gpus_N.key``, GPU, GPU count, GPUs per node).
-
-    Raises:
-        TunerError: no entry for the GPU, the count or the precision (naming those the file has), or a malformed
-            matrix."""
+    Raises TunerError: no entry for the GPU, the count or the precision (naming those the file has), or a malformed
+    matrix."""
     have = {str(g).lower(): body for g, body in matrix.items() if isinstance(body, Mapping)}
     menu = "; ".join(f"{g}: {', '.join(str(k).removeprefix('num_gpus_') for k in b)} GPUs" for g, b in have.items())
     count, gpu = _gpu_words(gpus)
@@ -261,6 +249,11 @@ def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, p
     argv: list[str] = list(prec_args)
     names = {a: f"{where}.{block}" for a in prec_args if a.startswith("--")}
     per_node: int | None = None
+
+    def put(at: str, flag: str, *values: str) -> None:
+        argv.extend((flag, *values))
+        names[flag] = at
+
     for part in ("common", block):
         body = entry.get(part) or {}
         if not isinstance(body, Mapping):
@@ -269,30 +262,21 @@ def _perf_matrix_args(matrix: Mapping[str, Any], label: str, gpus: str | None, p
             at = f"{where}.{part}.{k}"
             if k == "num_gpus_per_node" and isinstance(v, int):
                 per_node = v
-                argv.append(f"--empty:{at}")  # understood: sets the GPUs per node
-                names[f"--empty:{at}"] = at
+                put(at, f"--empty:{at}")  # understood: sets the GPUs per node
             elif k in _PERF_MATRIX_SETTINGS and v in (None, False, 0):
-                argv.append(f"--empty:{at}")  # understood: the script sets nothing
-                names[f"--empty:{at}"] = at
+                put(at, f"--empty:{at}")  # understood: the script sets nothing
             elif k in _PERF_MATRIX_SETTINGS and (v is True if k == "cuda_graphs" else type(v) is int and v > 0):
                 flags = _PERF_MATRIX_SETTINGS[k](v)
                 argv += flags
                 names.update({f: at for f in flags if f.startswith("--")})
             elif k in _PERF_MATRIX_UNREAD:
-                argv.append(f"--{at}")  # a placeholder without effect (its name has a dot)
-                names[f"--{at}"] = at
+                put(at, f"--{at}")  # a placeholder without effect (its name has a dot)
             elif k in _PERF_MATRIX_ARGS and isinstance(v, bool):
-                flag = _PERF_MATRIX_ARGS[k]
-                argv.append(flag if v else "--no-" + flag[2:])
-                names[argv[-1]] = at
+                put(at, _PERF_MATRIX_ARGS[k] if v else "--no-" + _PERF_MATRIX_ARGS[k][2:])
             elif k in _PERF_MATRIX_ARGS and v is None:  # unset: Megatron's default (e.g. vp: null, no virtual stages)
-                argv.append(f"--empty:{at}")
-                names[f"--empty:{at}"] = at
+                put(at, f"--empty:{at}")
             elif k in _PERF_MATRIX_ARGS:
-                argv += [_PERF_MATRIX_ARGS[k], str(v)]
-                names[_PERF_MATRIX_ARGS[k]] = at
+                put(at, _PERF_MATRIX_ARGS[k], str(v))
             else:  # a key the performance scripts do not read, or a value they would not accept
-                flag = f"--perf-matrix-{k.replace('_', '-')}"
-                argv += [flag, str(v)]
-                names[flag] = at
+                put(at, f"--perf-matrix-{k.replace('_', '-')}", str(v))
     return argv, names, gpu, int(key.removeprefix("num_gpus_")), per_node

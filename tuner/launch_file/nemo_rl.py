@@ -32,11 +32,8 @@ def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, A
 
 
 def _nemo_rl_doc(p: Path, doc: Mapping[str, Any], label: str, depth: int = 0) -> dict[str, Any]:
-    """``doc`` with its ``defaults:`` files (relative to ``p``) merged under it, as NeMo-RL's config loader does.
-
-    Raises:
-        TunerError: a ``defaults`` file that cannot be read, or a chain deeper than 8.
-    """
+    """``doc`` with its ``defaults:`` files (relative to ``p``) merged under it, as NeMo-RL's config loader does. Raises
+    TunerError: a ``defaults`` file that cannot be read, or a chain deeper than 8."""
     from specs._data import read_user_yaml
 
     parent = doc.get("defaults")
@@ -61,13 +58,10 @@ def _section(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return v if isinstance(v, Mapping) else {}
 
 def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[str, str], str | None, int | None,
-                                                               int | None,
-                                                                LaunchTask | None]:
-    """A NeMo-RL config's Megatron trainer (``policy.megatron_cfg``) as Megatron-LM arguments: (argv, names, the
-    Hugging Face id, nodes, GPUs per node, LoRA task fields or None).
-
-    Raises:
-        TunerError: the config trains with NeMo-RL's DTensor path (``policy.megatron_cfg.enabled`` false)."""
+                                                               int | None, LaunchTask | None]:
+    """A NeMo-RL config's Megatron trainer (``policy.megatron_cfg``) as Megatron-LM arguments: (argv, names, the Hugging
+    Face id, nodes, GPUs per node, LoRA task fields or None). Raises TunerError: the config trains with NeMo-RL's
+    DTensor path (``policy.megatron_cfg.enabled`` false)."""
     policy = _section(doc, "policy")
     mcfg = _section(policy, "megatron_cfg")
     if not mcfg.get("enabled"):
@@ -99,24 +93,23 @@ def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[s
         sec, _, key = where.partition(".")
         sep = "_" if sec == "train" else "."
         names[flag] = f"{where_of.get(sec, sec)}{sep}{key}" if sec != "dataset" else where_of[sec]
+
+    def put(flag: str, where: str) -> None:
+        argv.append(flag)
+        names[flag] = where
+
     for k in mcfg:
         if k in _NEMO_RL_NO_EFFECT or (isinstance(mcfg[k], Mapping) and k in ("scheduler", "env_vars")):
-            flag = f"--nemo-rl.megatron_cfg.{k}"
-            argv.append(flag)
-            names[flag] = f"policy.megatron_cfg.{k}"
+            put(f"--nemo-rl.megatron_cfg.{k}", f"policy.megatron_cfg.{k}")
     if str(policy.get("precision", "bfloat16")).lower() in ("bfloat16", "bf16"):
-        argv.append("--bf16")
-        names["--bf16"] = "policy.precision"
+        put("--bf16", "policy.precision")
     for k in policy:
         if k not in ("megatron_cfg", "model_name", "train_global_batch_size", "train_micro_batch_size",
                      "max_total_sequence_length", "precision"):
-            flag = f"--nemo-rl.policy.{k}"
-            argv.append(flag)
-            names[flag] = f"policy.{k}"
+            put(f"--nemo-rl.policy.{k}", f"policy.{k}")
     for k in doc:
         if k not in ("policy", "cluster", "defaults"):
-            argv.append(f"--nemo-rl.{k}")
-            names[f"--nemo-rl.{k}"] = str(k)
+            put(f"--nemo-rl.{k}", str(k))
     cluster = _section(doc, "cluster")
     nodes, per_node = cluster.get("num_nodes"), cluster.get("gpus_per_node")
     peft = _section(mcfg, "peft")
@@ -125,8 +118,7 @@ def _nemo_rl_args(doc: Mapping[str, Any], label: str) -> tuple[list[str], dict[s
     if peft.get("enabled"):
         task = {"task": "lora", "lora_rank": int(peft.get("dim") or 32),
                 **({"lora_target_modules": ",".join(peft["target_modules"])} if peft.get("target_modules") else {})}
-    argv.append("--nemo-rl.megatron_cfg.peft")
-    names["--nemo-rl.megatron_cfg.peft"] = "policy.megatron_cfg.peft"
+    put("--nemo-rl.megatron_cfg.peft", "policy.megatron_cfg.peft")
     hf = policy.get("model_name")
     return (argv, names, str(hf) if hf else None, nodes if isinstance(nodes, int) else None,
             per_node if isinstance(per_node, int) else None, task)

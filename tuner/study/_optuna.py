@@ -1,42 +1,27 @@
-"""Every use of Optuna's private API in this project, in one module, written against **Optuna 5.1.0** (and checked
-against 5.0.0: 5.1 changed none of the names, signatures or the RDB schema below; its ORM models only gained type
-annotations).
+"""Every use of Optuna's private API in this project, in one module, written against Optuna 5.1.0 (checked against
+5.0.0 too: the same names, signatures and RDB schema). The rest of the project uses Optuna's public API only.
 
-The study code uses Optuna's public API (studies, ``ask``/``tell``, ``enqueue_trial``, ``add_trial``, samplers,
-storages, heartbeats) and nothing private outside this module. What it needs beyond that, and why:
-
-1. **A trial's storage id** (``Study._storage``, ``Study._study_id``, ``Trial._trial_id``, ``FrozenTrial._trial_id``):
-   to record an attribute or a state on a trial that no :class:`optuna.Trial` object is held for (a trial left
-   RUNNING by an interrupted run; a claim of the predicted path, :mod:`tuner.study.predicted`).
-2. **Atomic state changes among one process's threads on an RDB storage** (:class:`ThreadSafeRDBStorage`):
-   ``Study._pop_waiting_trial_id`` pops a queued trial by ``set_trial_state_values(RUNNING)`` returning True
-   once; on SQLite that check-and-set is not atomic between threads (two threads of ``--parallel-trials``
-   were seen to pop the same trial: "Cannot tell a PRUNED trial"), nor between processes (SQLite ignores the
-   row lock Optuna asks for, ``SELECT ... FOR UPDATE``, and pysqlite reads outside a transaction: two workers
-   on one file pop the same trial), so on a SQLite file the call also holds an ``flock`` on the database file. Across
-   processes PostgreSQL's row locks or the journal file's lock serialise it.
-3. **A heartbeat for the journal storage** (:class:`HeartbeatJournalStorage`): Optuna 5.0's and 5.1's ``RDBStorage``
-   implements ``optuna.storages._heartbeat.BaseHeartbeat`` (``record_heartbeat``, ``_get_stale_trial_ids``,
-   ``get_heartbeat_interval``, ``get_heartbeat_stale_trial_callback``), ``JournalStorage`` does not. With it,
-   ``Study.optimize`` runs its heartbeat thread and ``fail_stale_trials`` for the journal as for an RDB.
-4. **Many finished trials in one transaction** (:func:`add_finished_trials`): ``RDBStorage.create_new_trial``
-   costs one transaction and ~50 SQL statements per trial (each parameter and attribute is looked up before
-   it is inserted): ~15 ms a trial, more than the estimate of the whole space over a study of 48 trials.
-   For an RDB of schema :data:`RDB_SCHEMA_VERSION` / :data:`RDB_ALEMBIC_REVISION` the trials are inserted
-   as rows of Optuna's own tables (``optuna.storages._rdb.models``) in one session; any other storage or
-   schema takes the public ``Study.add_trial`` one trial at a time.
-5. **A new study file without alembic's script walk** (:func:`create_sqlite_schema`): for a file with no
-   ``alembic_version`` row ``RDBStorage`` loads alembic's migration scripts to learn the head revision; the
-   tables, rows and stamp it would write are written directly (for schema :data:`RDB_SCHEMA_VERSION` only).
-   ``RDBStorage`` then opens it with its public ``skip_table_creation`` and ``skip_compatibility_check``, and
-   without its ``_VersionManager._init_alembic`` (``optuna.storages._rdb.storage._VersionManager``, swapped for the
-   open: :class:`ThreadSafeRDBStorage` ``stamped``), which only reads the ``alembic_version`` row written here and
-   costs the import of alembic (~0.2 s of CPU).
-6. **One NSGA-II generation per trial, however often it samples** (:func:`pin_generation`), and **whether a trial
-   was queued** (:func:`is_queued`, Optuna's ``fixed_params`` system attribute):
-   ``BaseGASampler.get_trial_generation`` writes the trial's generation to the storage and reads it back from
-   the trial it is handed; the candidate sampler draws many times in one trial, so the generation found on the
-   first draw is kept on that trial (``_get_generation_key``) instead of being scanned for and written each draw.
+1. **A trial's storage id** (``Study._storage``, ``Study._study_id``, ``Trial._trial_id``): to set an attribute or
+   a state on a trial no :class:`optuna.Trial` is held for (one left RUNNING by an interrupted run; a claim of the
+   predicted path, :mod:`tuner.study.predicted`).
+2. **Atomic state changes on an RDB storage** (:class:`ThreadSafeRDBStorage`): ``Study._pop_waiting_trial_id``
+   pops a queued trial when ``set_trial_state_values(RUNNING)`` returns True; on SQLite that check-and-set is atomic
+   neither between threads (two ``--parallel-trials`` threads popped one trial: "Cannot tell a PRUNED trial") nor
+   between processes (SQLite ignores ``SELECT ... FOR UPDATE``), so the call holds a lock and, on a SQLite file, an
+   ``flock`` of the file.
+3. **A heartbeat for the journal storage** (:class:`HeartbeatJournalStorage`): ``RDBStorage`` implements
+   ``optuna.storages._heartbeat.BaseHeartbeat``, ``JournalStorage`` does not; with it ``Study.optimize`` runs its
+   heartbeat thread and ``fail_stale_trials`` for the journal too.
+4. **Many finished trials in one transaction** (:func:`add_finished_trials`): ``RDBStorage.create_new_trial`` costs
+   ~50 SQL statements (~15 ms) a trial. For schema :data:`RDB_SCHEMA_VERSION` / :data:`RDB_ALEMBIC_REVISION` the rows
+   go into Optuna's tables (``optuna.storages._rdb.models``) in one session; other storages take ``Study.add_trial``.
+5. **A new study file without alembic** (:func:`create_sqlite_schema`): the tables, rows and stamp ``RDBStorage``
+   would write, written directly, then opened without ``_VersionManager._init_alembic`` (:class:`ThreadSafeRDBStorage`
+   ``stamped``): no import of alembic nor walk of its scripts (~0.5 s).
+6. **One NSGA-II generation per trial** (:func:`pin_generation`) and **whether a trial was queued**
+   (:func:`is_queued`, the ``fixed_params`` system attribute): the candidate sampler draws many times in one trial,
+   so the generation ``BaseGASampler.get_trial_generation`` finds on the first draw is kept on the trial
+   (``_get_generation_key``).
 
 ``tests/tuner_tests/test_optuna_internals.py`` fails when any of these names, signatures or the schema change.
 """
@@ -56,15 +41,6 @@ from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import FrozenTrial, TrialState
 
-__all__ = [
-    "HEARTBEAT_ATTR", "OPTUNA_CHECKED_RELEASES", "OPTUNA_VERSION", "RDB_ALEMBIC_REVISION", "RDB_SCHEMA_VERSION",
-    "HeartbeatJournalStorage", "ThreadSafeRDBStorage", "add_finished_trials", "close_storages", "create_sqlite_schema",
-    "create_trial", "retried_trial_number", "retry_history", "set_trial_state", "set_trial_user_attr", "storage_of",
-    "trial_id_of",
-]
-
-#: The Optuna release this module is written against.
-OPTUNA_VERSION = "5.1.0"
 #: The Optuna releases (major.minor) whose private API this module was checked against, item by item.
 OPTUNA_CHECKED_RELEASES = ("5.0", "5.1")
 #: ``optuna.storages._rdb.models.SCHEMA_VERSION`` and the alembic revision of that schema (Optuna 5.0.0 and 5.1.0).
@@ -76,20 +52,13 @@ HEARTBEAT_ATTR = "tune:heartbeat"
 
 
 def retry_history(trial: FrozenTrial) -> list[int]:
-    """Numbers of the trials a heartbeat-stale retry repeats, oldest first (what
-    ``RetryHeartbeatStaleTrialCallback.retry_history`` returns, read without its ExperimentalWarning)."""
+    """``RetryHeartbeatStaleTrialCallback.retry_history`` without its ExperimentalWarning."""
     return list(trial.system_attrs.get("retry_history", []))
 
 
 def retried_trial_number(trial: FrozenTrial) -> int | None:
-    """The first trial of a retry series (``RetryHeartbeatStaleTrialCallback.retried_trial_number``, without its
-    warning)."""
+    """``RetryHeartbeatStaleTrialCallback.retried_trial_number`` without its ExperimentalWarning."""
     return trial.system_attrs.get("failed_trial", None)
-
-
-def storage_of(study: optuna.Study) -> optuna.storages.BaseStorage:
-    """The storage object a study reads and writes (``Study._storage``)."""
-    return study._storage
 
 
 def trial_id_of(trial: optuna.Trial | FrozenTrial) -> int:
@@ -98,55 +67,38 @@ def trial_id_of(trial: optuna.Trial | FrozenTrial) -> int:
 
 
 def is_queued(trial: FrozenTrial) -> bool:
-    """The trial was queued with its parameters (``Study.enqueue_trial``, a heartbeat retry): Optuna keeps them in its
-    ``fixed_params`` system attribute."""
+    """The trial was queued with its parameters (``Study.enqueue_trial``, a heartbeat retry)."""
     return "fixed_params" in trial.system_attrs
 
 
 def pin_generation(sampler: optuna.samplers.BaseSampler, study: optuna.Study, trial: FrozenTrial) -> None:
-    """For a genetic sampler (NSGA-II): find and record the trial's generation once, and keep it on ``trial`` (the
-    frozen trial the sampler is handed again on the next draw of the same trial). Other samplers: nothing."""
+    """For a genetic sampler (NSGA-II): the trial's generation, found once and kept on ``trial`` for its next draws."""
     if isinstance(sampler, optuna.samplers.BaseGASampler):
         trial.system_attrs[sampler._get_generation_key()] = sampler.get_trial_generation(study, trial)
 
 
 def set_trial_user_attr(study: optuna.Study, trial_id: int, key: str, value: Any) -> None:
-    """Set a user attribute of an unfinished trial by id.
-
-    Raises:
-        optuna.exceptions.UpdateFinishedTrialError: the trial has finished meanwhile.
-    """
+    """Raises ``optuna.exceptions.UpdateFinishedTrialError`` when the trial has finished meanwhile."""
     study._storage.set_trial_user_attr(trial_id, key, value)
 
 
 def set_trial_state(study: optuna.Study, trial_id: int, state: TrialState,
                     values: Sequence[float] | None = None) -> bool:
-    """Finish (or start) a trial by id; False if another worker changed its state first.
-
-    Raises:
-        optuna.exceptions.UpdateFinishedTrialError: the trial has finished meanwhile.
-    """
+    """False if another worker changed the trial's state first; raises ``UpdateFinishedTrialError`` as above."""
     return study._storage.set_trial_state_values(trial_id, state, values)
 
 
 def create_trial(study: optuna.Study, template: FrozenTrial) -> tuple[int, int]:
-    """Add ``template`` (any state; validated as ``Study.add_trial`` does) to the study in one write.
-
-    Returns:
-        The new trial's storage id and its number.
-    """
+    """(storage id, number) of ``template`` (any state; validated as ``Study.add_trial`` does), added in one write."""
     template._validate()
     tid = study._storage.create_new_trial(study._study_id, template_trial=template)
     return tid, study._storage.get_trial_number_from_id(tid)
 
 
 def local_sqlite_engine_kwargs(path: str | Path) -> dict[str, Any]:
-    """SQLAlchemy engine arguments for a study's own SQLite file on a local disk: write-ahead logging
-    (``journal_mode=WAL``) with ``synchronous=NORMAL``, so a commit does not wait for an fsync (it did: ~11 ms a
-    commit on this project's machines, most of a real-trial study's bookkeeping). An application crash loses nothing
-    committed; a power loss can lose the last commits, never the file (SQLite's documentation, "PRAGMA synchronous"
-    and "Write-Ahead Logging"). Not for a file on a network filesystem (WAL needs shared memory): ``--storage`` URLs are
-    opened as given."""
+    """SQLAlchemy engine arguments for a study's own SQLite file on a local disk: ``journal_mode=WAL`` with
+    ``synchronous=NORMAL``, so a commit waits for no fsync (~11 ms); a power loss can lose the last commits, never the
+    file (SQLite's "PRAGMA synchronous"). Not for a network filesystem: ``--storage`` URLs are opened as given."""
     import sqlite3
 
     db = str(path)
@@ -161,15 +113,8 @@ def local_sqlite_engine_kwargs(path: str | Path) -> dict[str, Any]:
 
 
 def create_sqlite_schema(path: str | Path) -> bool:
-    """Create a new study file: Optuna's tables (``optuna.storages._rdb.models``), its ``version_info`` row and the
-    ``alembic_version`` table stamped :data:`RDB_ALEMBIC_REVISION`, as ``RDBStorage`` leaves a new file, without
-    ``RDBStorage`` reading alembic's migration scripts to learn the head revision (~0.5 s of a new study's open).
-    ``RDBStorage`` then opens the file as one it made itself.
-
-    Returns:
-        True if the file was created; False (nothing done) if it exists or Optuna's schema is not
-        :data:`RDB_SCHEMA_VERSION`.
-    """
+    """Create a new study file as ``RDBStorage`` leaves one (item 5): True if created; False (nothing done) if it
+    exists or Optuna's schema is not :data:`RDB_SCHEMA_VERSION`."""
     import sqlalchemy
     from optuna.storages._rdb import models
 
@@ -193,24 +138,21 @@ def create_sqlite_schema(path: str | Path) -> bool:
 #: Attempts at creating Optuna's tables when workers start together on a fresh database.
 SCHEMA_ATTEMPTS = 5
 
-#: The SQLAlchemy engines of this process's :class:`ThreadSafeRDBStorage` objects (:func:`close_storages`): an engine,
-#: not its storage, since a storage dropped by its last reference can leave its engine, and the engine's open
-#: connections, in a reference cycle the collector never scans once the process is frozen (``gc.freeze``).
+#: The SQLAlchemy engines of this process's :class:`ThreadSafeRDBStorage` objects (:func:`close_storages`): engines,
+#: since a dropped storage can leave its engine in a cycle the collector never scans after ``gc.freeze``.
 _LIVE_ENGINES: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def close_storages() -> None:
-    """Close the database connections of every :class:`ThreadSafeRDBStorage` of this process (SQLAlchemy's
-    ``Engine.dispose``): on a SQLite file in write-ahead-log mode the last connection's close writes the log into the
-    file and removes ``-wal`` and ``-shm``, as the collector's close at exit would. A storage stays usable (a later
-    call opens new connections)."""
+    """``Engine.dispose`` of every :class:`ThreadSafeRDBStorage` of this process: the last close of a WAL-mode SQLite
+    file writes the log into it and removes ``-wal`` and ``-shm``. A storage stays usable."""
     for engine in list(_LIVE_ENGINES):
         engine.dispose()
 
 
 class _StampedVersionManager(optuna.storages._rdb.storage._VersionManager):
-    """Optuna's ``_VersionManager`` for a file :func:`create_sqlite_schema` made: its ``alembic_version`` row is
-    there."""
+    """Optuna's ``_VersionManager`` for a file :func:`create_sqlite_schema` made (its ``alembic_version`` row is
+    there)."""
 
     def _init_alembic(self) -> None:
         return None  # Optuna's reads the row through alembic and returns when it is there
@@ -220,15 +162,10 @@ _VERSION_MANAGER_SWAP = threading.Lock()
 
 
 class ThreadSafeRDBStorage(RDBStorage):
-    """``RDBStorage`` whose ``set_trial_state_values`` is atomic among this process's threads (item 2 above).
-
-    Workers started together on a fresh database each create Optuna's tables; on PostgreSQL all but one fail with a
-    unique violation (``pg_type``'s, while the winner's ``CREATE TABLE`` commits), on a SQLite file with a table that
-    already exists, a duplicate ``alembic_version`` row or a locked file: such a
-    worker tries again, up to :data:`SCHEMA_ATTEMPTS` times, and then finds the tables made.
-
-    ``stamped``: the file was made by :func:`create_sqlite_schema` (item 5 above), so alembic is not asked for its
-    stamp."""
+    """``RDBStorage`` whose ``set_trial_state_values`` is atomic (item 2 above). Workers started together on a fresh
+    database each create Optuna's tables and all but one fail (a unique violation, a table that exists, a locked
+    file): such a worker tries again, up to :data:`SCHEMA_ATTEMPTS` times. ``stamped``: a file
+    :func:`create_sqlite_schema` made (item 5 above)."""
 
     def __init__(self, *args: Any, stamped: bool = False, **kwargs: Any) -> None:
         from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
@@ -241,15 +178,11 @@ class ThreadSafeRDBStorage(RDBStorage):
                     super().__init__(*args, **kwargs)
                 finally:
                     rdb._VersionManager = own
-            self._state_lock = threading.Lock()
-            _LIVE_ENGINES.add(self.engine)
-            return
-        for attempt in range(1, SCHEMA_ATTEMPTS + 1):
+        for attempt in range(1, 0 if stamped else SCHEMA_ATTEMPTS + 1):
             try:
                 super().__init__(*args, **kwargs)
                 break
-            except (IntegrityError, OperationalError, ProgrammingError) as e:
-                # a concurrent creation's duplicate table or row
+            except (IntegrityError, OperationalError, ProgrammingError) as e:  # a concurrent creation's table or row
                 if attempt == SCHEMA_ATTEMPTS or not any(w in str(e) for w in (
                         "already exists", "duplicate key", "UniqueViolation", "UNIQUE constraint failed",
                         "database is locked")):
@@ -288,30 +221,12 @@ class ThreadSafeRDBStorage(RDBStorage):
 
 
 class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
-    """Optuna's ``JournalStorage`` with Optuna's heartbeat (item 3 above).
+    """Optuna's ``JournalStorage`` with Optuna's heartbeat (item 3 above), arguments as ``RDBStorage``'s: the writer's
+    clock in the trial's system attribute :data:`HEARTBEAT_ATTR`; a RUNNING trial is stale when the checking worker's
+    clock is ``grace_period`` (default twice the interval) seconds past it (the workers' clocks must agree)."""
 
-    A heartbeat is the writer's clock (seconds since the epoch) in the trial's system attribute
-    :data:`HEARTBEAT_ATTR`; a RUNNING trial is stale when the checking worker's clock is more than the grace
-    period past its last heartbeat. The workers' clocks must agree to well within the grace period (as NTP keeps
-    them); an RDB compares the database server's own clock instead.
-
-    Args:
-        log_storage: the journal backend (``JournalFileBackend``).
-        heartbeat_interval: seconds between heartbeats (a positive integer, as for ``RDBStorage``).
-        grace_period: seconds without a heartbeat after which a RUNNING trial is stale (None: twice the interval).
-        heartbeat_stale_trial_callback: called with each trial ``fail_stale_trials`` failed.
-    """
-
-    def __init__(
-        self,
-        log_storage: Any,
-        *,
-        heartbeat_interval: int,
-        grace_period: int | None = None,
-        heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None = None,
-    ) -> None:
-        if heartbeat_interval <= 0 or (grace_period is not None and grace_period <= 0):
-            raise ValueError("heartbeat_interval and grace_period must be positive integers")
+    def __init__(self, log_storage: Any, *, heartbeat_interval: int, grace_period: int | None = None,
+                 heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None = None) -> None:
         super().__init__(log_storage)
         self.heartbeat_interval = heartbeat_interval
         self.grace_period = grace_period
@@ -335,11 +250,9 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         ]
 
     def get_heartbeat_interval(self) -> int | None:
-        """Seconds between heartbeats."""
         return self.heartbeat_interval
 
     def get_heartbeat_stale_trial_callback(self) -> Callable[[optuna.Study, FrozenTrial], None] | None:
-        """Called with each trial failed as stale."""
         return self.heartbeat_stale_trial_callback
 
 
@@ -378,19 +291,10 @@ def _bulk_backend(study: optuna.Study) -> RDBStorage | None:
 
 
 def add_finished_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> int:
-    """Add finished trials (COMPLETE, PRUNED or FAIL; no intermediate values) to the study, numbered in order.
-
-    On an RDB storage of the pinned schema all of them go in one transaction (one write); otherwise each takes
-    ``Study.add_trial`` (one write each). Either way each trial is validated as ``Study.add_trial`` validates it,
-    and a parameter whose distribution differs from the one the study already has for it is refused.
-
-    Returns:
-        The number of transactions written (0 for no trials).
-
-    Raises:
-        ValueError: a trial is not finished, fails validation, or has a parameter distribution the study's
-            earlier trials contradict.
-    """
+    """Add finished trials (no intermediate values) to the study, numbered in order: on an RDB storage of the pinned
+    schema in one transaction, else by ``Study.add_trial`` each (item 4). Returns the transactions written. Raises
+    ValueError as ``Study.add_trial`` does (an unfinished or invalid trial, a parameter distribution the study's earlier
+    trials contradict)."""
     if not trials:
         return 0
     for t in trials:

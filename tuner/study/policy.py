@@ -7,34 +7,28 @@ process whose prior mean is the error band's bias and whose covariance is
 
 ``s2`` is the band's variance (:attr:`cost_model.uncertainty.Band.sigma` squared), ``rho`` the share of it every
 layout of the job has in common, ``c`` the correlation kept per search dimension two layouts differ in, and
-``level`` the spread of the error common to every layout on the user's own stack, which published runs of other
-stacks cannot bound (the same configuration published twice differs by up to 2x between container releases): the
-first measurement sets the level, the later ones the ranking. A measurement of ``i`` is
-``log(measured / predicted) = y_i + e``, ``e ~ N(0, run_sigma^2)`` (run-to-run spread; a pruned trial's few
-steps count as ``pruned_runs`` of a run). Each measurement updates every candidate's posterior (Rasmussen &
-Williams 2006, eq. 2.19, one observation at a time), which is how a measurement recalibrates the ranking.
+``level`` the spread of the error common to every layout on the user's own stack (the same configuration published
+twice differs by up to 2x between container releases): the first measurement sets the level, the later ones the
+ranking. A measurement of ``i`` is ``y_i + e``, ``e ~ N(0, run_sigma^2)`` (twice that for a pruned trial); each
+updates every candidate's posterior (Rasmussen & Williams 2006, eq. 2.19, one observation at a time).
 
 Choice. The next trial is the untried candidate with the highest expected improvement over the incumbent (the
-measured layout of highest posterior mean), times its chance to fit in memory, per expected GPU-hour
-(Jones et al. 1998 for expected improvement; a failed fit costs its start-up and one step). When no untried
-candidate may beat the incumbent by more than ``min_gain`` with probability ``1 - confidence``, measured
-layouts that may still beat it by that much are measured again (the one with fewer runs first); then the
-policy stops. It also stops when the next trial would overrun ``gpu_hours`` or ``max_trials``.
+measured layout of highest posterior mean; Jones et al. 1998), times its chance to fit in memory, per expected
+GPU-hour (a failed fit costs its start-up and one step). When no untried candidate may beat the incumbent by more
+than ``min_gain`` with probability ``1 - confidence``, measured layouts that may still do so are measured again
+(fewer runs first); then the policy stops. It also stops when the next trial would overrun ``gpu_hours`` or
+``max_trials``.
 
-Slices (only where the caller gives each candidate's slice: ``slice_step_time_s``, ``slice_gpus``,
-``slice_sigma``). A slice trial runs a few layers of one pipeline stage of the layout at its TP / CP / EP / ETP on
-the fewest whole nodes that hold them, for a fraction of a full trial's GPU-hours. Its measurement,
-``log(predicted / measured slice step time)``, is an observation of ``y_i`` with noise
-``sqrt(run_sigma^2 + slice_sigma_i^2)``: ``slice_sigma_i`` is the error of what the slice does not run (pipeline
-bubble and point-to-point, data-parallel gradients at full scale, the errors tied to PP / VPP), its share of the
-layout's predicted step time times its sigma. Once an incumbent exists, the next step is the best by value per
-GPU-hour among a full trial and a slice of each candidate that may beat it (never sliced, never measured in full):
-the augmented expected improvement of Huang et al. 2006 (J. Global Optim. 34:441), expected improvement x
-``alpha1`` (the correlation of the slice with the full layout, ``sd / sqrt(sd^2 + slice_sigma^2)``; 1 for a full
-trial) x ``alpha2`` (``1 - noise / sqrt(sd^2 + slice_sigma^2 + noise^2)``, the share of the observation that is
-not noise), per expected GPU-hour; under ``gpu_hours``, only a slice that leaves the budget for a full trial of its
-layout (its value comes through that trial). A slice never measures memory, never becomes the incumbent and never ends
-the search: the answer and the stopping statement name a layout measured in full; slices only narrow the others.
+Slices (where the caller gives ``slice_step_time_s``, ``slice_gpus``, ``slice_sigma``). A slice trial runs a few
+layers of one pipeline stage at the layout's TP / CP / EP / ETP on the fewest whole nodes that hold them. Its
+``log(predicted / measured slice step time)`` observes ``y_i`` with noise ``sqrt(run_sigma^2 + slice_sigma_i^2)``,
+``slice_sigma_i`` the error of what the slice does not run (pipeline bubble and point-to-point, data-parallel
+gradients at full scale). Once an incumbent exists, the next step is the best per GPU-hour among a full trial and a
+slice of each candidate that may beat it, by the augmented expected improvement of Huang et al. 2006 (J. Global
+Optim. 34:441): expected improvement x ``alpha1`` (``sd / sqrt(sd^2 + slice_sigma^2)``; 1 for a full trial) x
+``alpha2`` (``1 - noise / sqrt(sd^2 + slice_sigma^2 + noise^2)``); under ``gpu_hours``, only a slice that leaves the
+budget for a full trial of its layout. A slice never measures memory, never becomes the incumbent and never ends the
+search: the answer names a layout measured in full.
 """
 
 from __future__ import annotations
@@ -46,12 +40,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Decision", "GainPolicy", "PolicyParams", "fmt_gpu_hours"]
-
 
 def ndtr(x: Any) -> Any:
-    """The standard normal CDF, ``scipy.special.ndtr``, imported when first asked: only real trials' policy asks, and
-    importing scipy.special costs the main job about 0.15 s (``python -X importtime``)."""
+    """``scipy.special.ndtr``, imported when first asked (the import costs the main job ~0.15 s)."""
     from scipy.special import ndtr as normal_cdf
 
     return normal_cdf(x)
@@ -74,49 +65,38 @@ class PolicyParams:
     """The policy's prior and rules; units: seconds, GPU-hours, fractions."""
 
     sigma: float
-    """Standard deviation of ``log(measured / predicted)`` tokens/s/GPU before any trial (the error band's)."""
+    """Standard deviation and mean (``bias``) of ``log(measured / predicted)`` tokens/s/GPU before any trial (the
+    error band's)."""
     bias: float = 0.0
-    """Mean of ``log(measured / predicted)`` before any trial (the error band's centre)."""
     shared: float = 0.58
     """``rho``: share of the band's variance common to every layout of the job: 1 - (0.102 / 0.158)^2, the held-out
     published residuals' spread within a (model, GPU, precision) group against their whole spread
     (``benchmarks/results/2026-12-07_error_bars/heldout_rows.jsonl``, 201 rows in 36 groups of 3 or more)."""
     level: float = 0.5
-    """Standard deviation of the log error common to every layout on the user's stack (see the module docstring)."""
     per_dimension: float = 0.6
-    """``c``: correlation kept for each search dimension in which two layouts differ."""
+    """``level`` and ``c`` of the module docstring."""
     run_sigma: float = RUN_SIGMA
-    """Standard deviation of one run's log throughput about its layout's mean (:data:`RUN_SIGMA`)."""
     memory_sigma: float = 0.03
-    """Standard deviation of ``log(measured / predicted)`` peak memory (the chance a layout fits)."""
+    """Standard deviation and mean (``memory_bias``) of ``log(measured / predicted)`` peak memory."""
     memory_bias: float = 0.0
     memory_shared: float = 0.54
     """Share of the memory error's variance common to every layout of the job (the memory band's ``shared``,
     :attr:`cost_model.uncertainty.Band.shared`): a measured peak or an out-of-memory moves every candidate's chance
     to fit through it (:func:`cost_model.uncertainty.chance_to_fit`)."""
     confidence: float = 0.9
-    """The stopping rule's confidence."""
     min_gain: float = 0.02
-    """The stopping rule's gain: stop when nothing may beat the incumbent by more than this fraction."""
+    """The stopping rule: stop when nothing may beat the incumbent by more than ``min_gain`` at ``confidence``."""
     startup_s: float = 300.0
-    """Seconds a trial spends before its first step (process start, model build, first step's warm-up), until a
-    trial measures it."""
+    """Seconds before a trial's first step (process start, model build, warm-up), until a trial measures it."""
     steps: int = 20
-    """Steps of a full trial."""
     max_runs: int = 3
-    """Most runs of one layout (the first and its repeats)."""
+    """Steps of a full trial; runs of one layout (the first and its repeats)."""
     gpu_hours: float | None = None
-    """Budget; None = no limit but ``max_trials``."""
     max_trials: int = 48
-    """Most trials (repeats included; slices not counted)."""
+    """Budget (None: none) and most trials (repeats included, slices not)."""
     slice_startup_s: float = 90.0
-    """Seconds a slice trial spends before its first step (one or two nodes, a few layers to build): an assumption."""
+    """Seconds before a slice trial's first step (one or two nodes, a few layers to build): an assumption."""
     max_slices: int = 400
-    """Most slice trials."""
-
-    def __post_init__(self) -> None:
-        if not 0 < self.confidence < 1:
-            raise ValueError(f"confidence {self.confidence}: accepted a fraction in (0, 1)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,28 +111,11 @@ class Decision:
 
 
 @dataclass(slots=True)
-class _Obs:
-    index: int
-    value: float
-    noise: float
-
-
-@dataclass(slots=True)
 class GainPolicy:
-    """The policy over ``n`` candidates (arrays of shape ``(n,)``; ``codes`` of shape ``(n, d)``).
-
-    Args:
-        predicted: predicted tokens/s/GPU.
-        step_time_s: predicted step time, seconds.
-        peak_bytes: predicted peak memory per GPU, bytes.
-        codes: each candidate's code in every search dimension (integers).
-        hbm_bytes: the GPU's memory, bytes.
-        gpus: GPUs a trial takes.
-        params: the prior and the rules.
-        slice_step_time_s: predicted step time of each candidate's slice, seconds (None: no slice trials).
-        slice_gpus: GPUs each candidate's slice takes.
-        slice_sigma: standard deviation of the log error of each candidate's step time that its slice does not see.
-    """
+    """The policy over ``n`` candidates: their predicted tokens/s/GPU, step time (s) and peak memory per GPU (bytes),
+    arrays of shape ``(n,)``, and ``codes`` in every search dimension, ``(n, d)``; ``hbm_bytes`` the GPU's memory,
+    ``gpus`` a trial's. Slice trials (optional): each slice's predicted step time (s), GPUs, and the standard deviation
+    of the log error of the step time its slice does not see."""
 
     predicted: Array
     step_time_s: Array
@@ -162,18 +125,15 @@ class GainPolicy:
     gpus: int
     params: PolicyParams
     spent_gpu_hours: float = 0.0
-    """GPU-hours of every trial observed (earlier runs' and other workers' included)."""
     trials: int = 0
-    """Trials observed (earlier runs' and other workers' included)."""
+    """GPU-hours and trials observed (earlier runs' and other workers' included)."""
     run_trials: int = 0
-    """This run's own trials (observed with ``own``): what ``max_trials`` (``--trials``) counts."""
     run_gpu_hours: float = 0.0
-    """GPU-hours of this run's own trials and slices: what ``gpu_hours`` (``--gpu-hours``) counts."""
+    """This run's own trials and GPU-hours (observed with ``own``): what ``max_trials`` and ``gpu_hours`` count."""
     slice_step_time_s: Array | None = None
     slice_gpus: Array | None = None
     slice_sigma: Array | None = None
     slices: int = 0
-    """Slice trials observed."""
     runs: npt.NDArray[np.int64] = field(init=False)
     failed: npt.NDArray[np.bool_] = field(init=False)
     pending: npt.NDArray[np.bool_] = field(init=False)
@@ -184,7 +144,6 @@ class GainPolicy:
     (:func:`cost_model.uncertainty.chance_to_fit`)."""
     _peaks: dict[int, float] = field(init=False, default_factory=dict)
     _oom: set[int] = field(init=False, default_factory=set)
-    _obs: list[_Obs] = field(init=False, default_factory=list)
     _v: Array = field(init=False)
     """Rows ``L^-1 K(obs, ·)`` (``L``: the Cholesky factor of the observations' covariance), one per observation."""
     _a: list[float] = field(init=False, default_factory=list)
@@ -205,8 +164,6 @@ class GainPolicy:
         self.p_fit = ndtr((np.log(self.hbm_bytes / np.maximum(self.peak_bytes, 1.0)) - p.memory_bias)
                           / max(p.memory_sigma, 1e-9))
 
-    # ---- belief -----------------------------------------------------------------------------------------
-
     def _prior_cov(self, i: int) -> Array:
         p = self.params
         differ: npt.NDArray[np.int64] = (self.codes != self.codes[i]).sum(axis=1)
@@ -223,7 +180,7 @@ class GainPolicy:
         """Condition the belief on ``value = y_index + N(0, noise^2)``: one more row of the Cholesky factor of the
         observations' covariance and of ``L^-1 K(obs, ·)`` (Rasmussen & Williams 2006, eq. 2.19, updated one
         observation at a time), so the posterior costs O(n) after it."""
-        m = len(self._obs)
+        m = len(self._a)
         cov = self._prior_cov(index)
         lvec = self._v[:m, index]
         d = math.sqrt(max(float(cov[index]) + noise**2 - float(lvec @ lvec), 1e-12))
@@ -235,7 +192,6 @@ class GainPolicy:
         self._a.append(a)
         self._shift += row * a
         self._reduce += row * row
-        self._obs.append(_Obs(index, value, noise))
 
     def observe(self, index: int, tokens_per_s_per_gpu: float | None, *, gpu_hours: float,
                 startup_s: float | None = None, pruned: bool = False, failed: bool = False,
@@ -277,14 +233,8 @@ class GainPolicy:
 
     def observe_slice(self, index: int, speed_ratio: float | None, *, gpu_hours: float, own: bool = True) -> None:
         """Record a finished slice trial of candidate ``index``: predicted / measured slice step time (None when it
-        failed: nothing learnt, never sliced again) and the GPU-hours it cost (counted against ``gpu_hours`` when
-        ``own``, as in :meth:`observe`).
-
-        Raises:
-            ValueError: the policy was built without slices.
-        """
-        if self.slice_sigma is None:
-            raise ValueError("a slice observed by a policy built without slice_step_time_s, slice_gpus, slice_sigma")
+        failed: nothing learnt, never sliced again) and the GPU-hours it cost (counted as in :meth:`observe`)."""
+        assert self.slice_sigma is not None
         self.pending[index] = False
         self.sliced[index] = True
         self.slices += 1
@@ -299,8 +249,6 @@ class GainPolicy:
     def take(self, index: int) -> None:
         """Mark a candidate as being measured (so a parallel pick does not take it twice)."""
         self.pending[index] = True
-
-    # ---- choice -----------------------------------------------------------------------------------------
 
     @property
     def startup_s(self) -> float:
@@ -317,13 +265,8 @@ class GainPolicy:
 
     def slice_gpu_hours(self, index: int | npt.NDArray[np.int64] | slice) -> Array:
         """Expected GPU-hours of a slice trial: its start-up and steps at its GPUs (a slice is not expected to run out
-        of memory: a few layers, the optimizer's states sharded its own way).
-
-        Raises:
-            ValueError: the policy was built without slices.
-        """
-        if self.slice_step_time_s is None or self.slice_gpus is None:
-            raise ValueError("slice trials asked of a policy built without slice_step_time_s, slice_gpus, slice_sigma")
+        of memory: a few layers, the optimizer's states sharded its own way)."""
+        assert self.slice_step_time_s is not None and self.slice_gpus is not None
         p = self.params
         return np.asarray((p.slice_startup_s + p.steps * self.slice_step_time_s[index]) * self.slice_gpus[index]
                           / 3600.0)

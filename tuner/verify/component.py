@@ -1,15 +1,11 @@
 """The optimizer component test (``tune verify --component optimizer``): precision-aware Adam against FP64.
 
-Precision-aware Adam as megatron-core runs it with Transformer Engine, fed the same gradients as an FP64
-reference Adam (:func:`adam_reference`); the worst tensor's relative L2 error of the update (the master weights'
-displacement from the initial weights after 1 and after 3 steps) must be within the seed's bound,
-``2 x the default GPU optimizer's error + 1e-3`` (``../shared/seeds/001_*``, its
-``correctness.component_tests``), the FP32 masters that TE rebuilds from bf16 weights and 16-bit
-remainders (:func:`reconstruct_fp32`) must be bitwise identical to an arm with explicit FP32
-masters, and every negative control must fail (:func:`decide_component_test`).
-
-The GPU program is :mod:`launch.harness.component` (:func:`run_component_test` starts it); the decision
-here is pure Python and NumPy, tested in CI on recorded numbers.
+Megatron-core's precision-aware Adam (Transformer Engine) and an FP64 Adam (:func:`adam_reference`) take the same
+gradients; the worst tensor's relative L2 error of the update after 1 and 3 steps must be within the seed's bound,
+``2 x the default GPU optimizer's error + 1e-3`` (``../shared/seeds/001_*``, ``correctness.component_tests``), the
+FP32 masters TE rebuilds from bf16 weights and 16-bit remainders (:func:`reconstruct_fp32`) must be bitwise those of
+an arm with explicit FP32 masters, and every negative control must fail (:func:`decide_component_test`). The GPU
+program is :mod:`launch.harness.component`; the decision here is NumPy, tested in CI on recorded numbers.
 """
 
 from __future__ import annotations
@@ -28,10 +24,6 @@ from launch._trial import kill_group
 from launch.harness.component import COMPONENT_ARMS, AdamHyper
 from specs.errors import TunerError
 from tuner.verify.inputs import json_default
-
-__all__ = ["COMPONENT_BOUND_ABS", "COMPONENT_BOUND_FACTOR", "ComponentOutcome", "ComponentPlan", "ComponentResult",
-           "adam_reference", "component_bound", "decide_component_test", "plan_component_test", "reconstruct_fp32",
-           "run_component_test", "split_fp32"]
 
 #: The seed's bound of the component test: ``COMPONENT_BOUND_FACTOR x default error + COMPONENT_BOUND_ABS``
 #: (``../shared/seeds/001_*``: "bound 2 x the default GPU optimizer's error + 1e-3").
@@ -134,22 +126,13 @@ class ComponentResult:
             parts.append("problems: " + "; ".join(self.problems))
         return "; ".join(parts)
 
-    def entry(self, *, shape: str, gpu: str, date: str, note: str = "") -> dict[str, Any]:
+    def entry(self, *, shape: str, gpu: str, date: str) -> dict[str, Any]:
         """The recipe's ``correctness.component_tests`` entry in the seed's form (test, shape, gpu, date, result,
         detail, note)."""
-        offl = "offload" in self.arms
-        return {
-            "test": "precision-aware Adam on the GPU"
-            + (" and CPU optimizer offload (fraction 1.0, overlapped copies)" if offl else "")
-                    + ", each against an FP64 reference",
-            "shape": shape,
-            "gpu": gpu,
-            "date": date,
-            "result": self.result,
-            "detail": self.detail(),
-            "note": note or "the optimizer step is elementwise: the arms are fed the same recorded gradients as the "
-            "FP64 reference",
-        }
+        return {"test": _test_name("offload" in self.arms), "shape": shape, "gpu": gpu, "date": date,
+                "result": self.result, "detail": self.detail(),
+                "note": "the optimizer step is elementwise: the arms are fed the same recorded gradients as the FP64 "
+                "reference"}
 
     def to_dict(self) -> dict[str, Any]:
         return {"result": self.result, "steps": list(self.steps),
@@ -159,31 +142,28 @@ class ComponentResult:
                 "detail": self.detail()}
 
 
+def _test_name(offload: bool) -> str:
+    return ("precision-aware Adam on the GPU" + (" and CPU optimizer offload (fraction 1.0, overlapped copies)"
+                                                 if offload else "") + ", each against an FP64 reference")
+
+
 def _fmt(x: Any) -> str:
     return f"{x:.3g}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
 
 
 def decide_component_test(rows: Iterable[Mapping[str, Any]], *,
                           required_moments: Sequence[str] = ("fp32",)) -> ComponentResult:
-    """Decide the component test from the JSON lines of :mod:`launch.harness.component` (events ``arm``,
-    ``bitwise``, ``arm_error``).
-
-    Pass when every ``test`` arm whose moments are in ``required_moments`` is within :func:`component_bound` of the
-    ``default`` arm's error at every step, the rebuilt masters are bitwise identical, and every class of bug
-    (``ComponentArm.detects``) has a ``control`` arm over the bound (or differing bitwise). A control that crashed
-    detected nothing; one within the bound is reported as "did not fail" (beta2 0.95 for 0.98 stays within it after 3
-    steps, ``benchmarks/results/h200_te_2026-12-01/call12``).
-
-    Raises:
-        TunerError: no row of the ``default`` arm (no bound can be set)."""
-    rows = list(rows)
+    """Decide the component test from the JSON lines of :mod:`launch.harness.component`: pass when every ``test`` arm
+    whose moments are in ``required_moments`` is within :func:`component_bound` of the ``default`` arm's error at
+    every step, the rebuilt masters are bitwise identical, and every class of bug (``ComponentArm.detects``) has a
+    ``control`` arm over the bound or differing bitwise (a crashed control detected nothing; beta2 0.95 for 0.98 stays
+    within it, ``benchmarks/results/h200_te_2026-12-01/call12``). Raises TunerError: no row of the ``default`` arm."""
     by_arm: dict[str, dict[int, Mapping[str, Any]]] = {}
     kinds: dict[str, str] = {}
     errors: dict[str, str] = {}
     bit_rows = []
     for r in rows:
-        ev = r.get("event")
-        if ev == "arm":
+        if (ev := r.get("event")) == "arm":
             by_arm.setdefault(str(r["arm"]), {})[int(r["step"])] = r
             kinds[str(r["arm"])] = str(r.get("kind", ""))
         elif ev == "arm_error":
@@ -322,9 +302,7 @@ class ComponentOutcome:
         """The ``correctness.component_tests`` entry in the seed's form."""
         shape = self.plan.spec.shape_text(self.experts or self.plan.spec.num_experts)
         if self.decision is None:
-            return {"test": "precision-aware Adam on the GPU and CPU optimizer offload (fraction 1.0, overlapped "
-                            "copies), each against an FP64 reference", "shape": shape, "gpu": self.plan.gpu,
-                    "date": self.date,
+            return {"test": _test_name(True), "shape": shape, "gpu": self.plan.gpu, "date": self.date,
                     "result": "error", "detail": self.error, "note": "the component program did not finish"}
         return self.decision.entry(shape=shape, gpu=self.plan.gpu, date=self.date)
 
@@ -338,13 +316,11 @@ def plan_component_test(*, out_dir: str | Path, experts: int | None = None, max_
                         steps: tuple[int, ...] = (1, 3), moments: tuple[str, ...] = ("fp32",),
                         arms: tuple[str, ...] | None = None, env: Any = None, gpu: str = "H200",
                         check_machine: bool = True) -> ComponentPlan:
-    """The component test's plan, refused before any GPU time when this machine cannot run it. ``experts``: exactly
-    this many (default: as many as fit, up to ``max_experts``); ``moments``: the dtypes whose arms decide (the
-    recipe's ``exp_avg_dtype``); ``env``: a :class:`launch.harness.spec.HarnessEnv` (default probed).
-
-    Raises:
-        TunerError: no Transformer Engine (precision-aware Adam is TE's FusedAdam), no torch / megatron-core, no GPU
-            (``check_machine``), or bad ``moments``."""
+    """The component test's plan, refused before any GPU time when this machine cannot run it. ``experts``: exactly this
+    many (default: as many as fit, up to ``max_experts``); ``moments``: the dtypes whose arms decide (the recipe's
+    ``exp_avg_dtype``); ``env``: a :class:`launch.harness.spec.HarnessEnv` (default probed). Raises TunerError: no
+    Transformer Engine (precision-aware Adam is TE's FusedAdam), no torch / megatron-core, no GPU (``check_machine``),
+    or bad ``moments``."""
     from launch.harness.component import ComponentSpec
     from launch.harness.spec import HarnessEnv
 
@@ -371,10 +347,8 @@ def plan_component_test(*, out_dir: str | Path, experts: int | None = None, max_
 def run_component_test(plan: ComponentPlan, *, launcher: list[str] | None = None,
                        timeout_s: float = 900.0) -> ComponentOutcome:
     """Run the component program (one process, one GPU, killed after ``timeout_s``) and decide; writes
-    ``component_spec.json``, ``component.jsonl``, ``log.txt`` and ``component.json`` under the plan's folder.
-
-    Raises:
-        TunerError: the folder cannot be written."""
+    ``component_spec.json``, ``component.jsonl``, ``log.txt`` and ``component.json`` under the plan's folder. Raises
+    TunerError: the folder cannot be written."""
     import os
     import subprocess
     import sys

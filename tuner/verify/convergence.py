@@ -1,24 +1,17 @@
 """Comparing two training-loss curves: Megatron-Bridge's convergence metrics, stricter about missing data.
 
-Source: ``validate_convergence`` in NVIDIA-NeMo/Megatron-Bridge
-``scripts/performance/utils/evaluate.py`` (HEAD 067f987d; ``../shared/notes/slime_minimax_bridge.md`` §3).
-Its default thresholds are the defaults of :class:`ConvergenceThresholds`:
+Source: ``validate_convergence`` in NVIDIA-NeMo/Megatron-Bridge ``scripts/performance/utils/evaluate.py``
+(067f987d), whose defaults are :class:`ConvergenceThresholds`'s:
 
-- **correlation**: Pearson correlation of the two curves (``numpy.corrcoef``) >= 0.95;
+- **correlation**: Pearson correlation of the two curves >= 0.95;
 - **final_loss**: ``|candidate[-1] - reference[-1]| / reference[-1]`` <= 3%;
-- **point_wise_tolerance**: at each step, ``|candidate - reference| / reference`` must be within
-  10% where the reference loss is above 2.0, 5% where it is in (0.5, 2.0], 2% at or below 0.5;
-  fails when more than 10% of the steps are out;
-- **outliers**: a step whose residual ``candidate - reference`` is over 3 standard deviations from the mean is an
-  outlier; fails when more than 10% of steps are (Chebyshev: at most 1/9 can be; kept for parity with Bridge);
-- ``skip_first_percent`` (default 0) drops the leading steps from the four checks above.
+- **point_wise_tolerance**: ``|candidate - reference| / reference`` within 10% where the reference loss is above
+  2.0, 5% in (0.5, 2.0], 2% at or below 0.5, at all but 10% of the steps;
+- **outliers**: at most 10% of the steps' residuals over 3 standard deviations from their mean;
+- ``skip_first_percent`` (default 0) drops the leading steps from these four.
 
-Differences from Bridge, on purpose (Bridge lets these pass silently, since NaN compares false):
-
-- **non_finite**: any NaN or Inf loss in either curve fails;
-- **missing_steps**: a step present in one curve and not the other fails (Bridge fills it with NaN);
-- a curve with no variance has no correlation: it fails as ``correlation`` unless both curves are
-  identical (then the correlation is taken as 1).
+Stricter than Bridge (where NaN compares false and passes): a NaN or Inf loss fails (**non_finite**), a step in one
+curve only fails (**missing_steps**), and a flat curve has no correlation unless both curves are identical.
 """
 
 from __future__ import annotations
@@ -32,20 +25,15 @@ import numpy as np
 
 from specs.errors import TunerError
 
-__all__ = ["ConvergenceThresholds", "ConvergenceResult", "compare_losses", "as_curve"]
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ConvergenceThresholds:
-    """Megatron-Bridge ``validate_convergence`` defaults (``convergence_config``)."""
+    """Megatron-Bridge ``validate_convergence`` defaults (``convergence_config``; see the module docstring)."""
 
     correlation_threshold: float = 0.95
     high_loss_tolerance: float = 0.10
-    """Relative tolerance where the reference loss > 2.0."""
     medium_loss_tolerance: float = 0.05
-    """Relative tolerance where 0.5 < reference loss <= 2.0."""
     low_loss_tolerance: float = 0.02
-    """Relative tolerance where the reference loss <= 0.5."""
     max_outlier_ratio: float = 0.10
     """Largest fraction of steps allowed out of the point-wise tolerance (and as 3-sigma outliers)."""
     final_loss_tolerance: float = 0.03
@@ -70,9 +58,8 @@ class ConvergenceResult:
     passed: bool
     failed_metrics: tuple[str, ...]
     steps: int
-    """Steps in the union of both curves."""
     compared_steps: int
-    """Steps used by the four Bridge checks (after ``skip_first_percent``; finite in both)."""
+    """Steps in the union of both curves; those the four Bridge checks use (after ``skip_first_percent``)."""
     correlation: float
     final_loss_difference: float
     """Relative difference of the last common step's losses (fraction, not %)."""
@@ -99,13 +86,7 @@ class ConvergenceResult:
         return "failed " + ", ".join(self.failed_metrics) + ": " + "; ".join(self.messages)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["missing_steps"] = list(self.missing_steps)
-        d["non_finite_steps"] = list(self.non_finite_steps)
-        d["failed_metrics"] = list(self.failed_metrics)
-        d["messages"] = list(self.messages)
-        d["result"] = self.result
-        return d
+        return {**asdict(self), "result": self.result}
 
 
 def as_curve(values: Mapping[int, float] | Sequence[float], *, first_step: int = 1) -> dict[int, float]:
@@ -116,21 +97,10 @@ def as_curve(values: Mapping[int, float] | Sequence[float], *, first_step: int =
 
 def compare_losses(candidate: Mapping[int, float] | Sequence[float], reference: Mapping[int, float] | Sequence[float],
                    thresholds: ConvergenceThresholds | None = None) -> ConvergenceResult:
-    """Compare a candidate loss curve to a reference (golden) curve; see the module docstring.
-
-    Args:
-        candidate: losses of the layout under test, ``{step: loss}`` or a list from step 1.
-        reference: losses of the reference layout, same form.
-        thresholds: Bridge's defaults when None.
-
-    Returns:
-        The result; ``passed`` is False when any check fails, ``failed_metrics`` says which
-        (``missing_steps``, ``non_finite``, ``correlation``, ``point_wise_tolerance``,
-        ``final_loss``, ``outliers``, or ``too_few_steps`` when fewer than 2 steps compare).
-
-    Raises:
-        TunerError: both curves are empty.
-    """
+    """Compare the losses of the layout under test with the reference's (each ``{step: loss}`` or a list from step
+    1; ``thresholds`` default to Bridge's): ``failed_metrics`` among ``missing_steps``, ``non_finite``,
+    ``correlation``, ``point_wise_tolerance``, ``final_loss``, ``outliers`` and ``too_few_steps`` (fewer than 2
+    steps compare). Raises TunerError: both curves are empty."""
     th = thresholds or ConvergenceThresholds()
     cand, ref = as_curve(candidate), as_curve(reference)
     steps = sorted(set(cand) | set(ref))
@@ -152,32 +122,25 @@ def compare_losses(candidate: Mapping[int, float] | Sequence[float], reference: 
     good = [s for s in common if s not in bad]
     skip = int(len(good) * th.skip_first_percent / 100.0)
     good = good[skip:]
-    c = np.array([cand[s] for s in good], dtype=float)
-    g = np.array([ref[s] for s in good], dtype=float)
     nan = float("nan")
     if len(good) < 2:
         failed.append("too_few_steps")
         msgs.append(f"{len(good)} comparable steps; need at least 2")
-        return ConvergenceResult(
-            passed=False, failed_metrics=tuple(failed), steps=len(steps), compared_steps=len(good), correlation=nan,
-            final_loss_difference=nan, pointwise_failures=0, pointwise_failure_ratio=nan, outliers=0, outlier_ratio=nan,
-            missing_steps=missing, non_finite_steps=bad, messages=tuple(msgs), thresholds=th,
-        )
-
-    m, m_failed, m_msgs = _curve_metrics(c, g, good, th)
-    failed += m_failed
-    msgs += m_msgs
+        m: dict[str, Any] = {"correlation": nan, "final_loss_difference": nan, "pointwise_failures": 0,
+                             "pointwise_failure_ratio": nan, "outliers": 0, "outlier_ratio": nan}
+    else:
+        c = np.array([cand[s] for s in good], dtype=float)
+        g = np.array([ref[s] for s in good], dtype=float)
+        m, m_failed, m_msgs = _curve_metrics(c, g, good, th)
+        failed += m_failed
+        msgs += m_msgs
     return ConvergenceResult(passed=not failed, failed_metrics=tuple(failed), steps=len(steps),
-                             compared_steps=len(good), correlation=m["correlation"],
-                             final_loss_difference=m["final_loss_difference"],
-                             pointwise_failures=int(m["pointwise_failures"]),
-                             pointwise_failure_ratio=m["pointwise_failure_ratio"], outliers=int(m["outliers"]),
-                             outlier_ratio=m["outlier_ratio"], missing_steps=missing, non_finite_steps=bad,
-                             messages=tuple(msgs), thresholds=th)
+                             compared_steps=len(good), missing_steps=missing, non_finite_steps=bad,
+                             messages=tuple(msgs), thresholds=th, **m)
 
 
 def _curve_metrics(c: np.ndarray, g: np.ndarray, good: Sequence[int],
-                   th: ConvergenceThresholds) -> tuple[dict[str, float], list[str], list[str]]:
+                   th: ConvergenceThresholds) -> tuple[dict[str, Any], list[str], list[str]]:
     """Bridge's four metrics of the candidate ``c`` against the reference ``g`` (same steps ``good``, finite, >= 2):
     the values, the failed metrics' names and their messages."""
     failed: list[str] = []

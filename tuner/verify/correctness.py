@@ -11,24 +11,17 @@ from typing import Any
 
 from tuner.verify.parity import ParityResult, parity_block
 
-__all__ = ["correctness_block", "stored_correctness"]
-
 
 def correctness_block(*, convergence: Mapping[str, Any] | None = None,
                       grad_parity: ParityResult | Mapping[str, Any] | None = None,
-                      component_tests: Sequence[Mapping[str, Any]] = (), reference: str | None = None,
-                      configuration: str | None = None) -> dict[str, Any]:
-    """The recipe's ``correctness`` block in the seed's form: the loss-curve check's block
-    (:func:`tuner.verify.loss_check.convergence_block`), gradient parity (a :class:`ParityResult` or its
-    :func:`parity_block`) and ``component_tests`` entries, each None / empty when not run.
-
-    ``result`` is ``pass`` only when the convergence check and gradient parity both passed and no component test
-    failed (``launch.exporters`` then marks a measured recipe ``verified``); ``fail`` when one failed; ``error`` when
-    one could not finish; else ``incomplete``."""
+                      component_tests: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The recipe's ``correctness`` block in the seed's form from the checks run (None / empty: not run): ``pass``
+    only when the convergence check and gradient parity passed and no component test failed (``launch.exporters``
+    then marks a measured recipe ``verified``), ``fail`` when one failed, ``error`` when one did not finish, else
+    ``incomplete``."""
     conv = dict(convergence) if convergence is not None else None
-    gp = parity_block(grad_parity) if isinstance(grad_parity,
-                                                 ParityResult) else (dict(grad_parity) if grad_parity is not None
-                                                                     else None)
+    gp = (parity_block(grad_parity) if isinstance(grad_parity, ParityResult)
+          else dict(grad_parity) if grad_parity is not None else None)
     comps = [dict(c) for c in component_tests]
     results = {"convergence": conv.get("result") if conv else None, "grad_parity": gp.get("result") if gp else None}
     comp_results = [c.get("result") for c in comps]
@@ -40,20 +33,15 @@ def correctness_block(*, convergence: Mapping[str, Any] | None = None,
         result = "pass"
     else:
         result = "incomplete"
-    parts = []
-    for k, label in (("convergence", "convergence check"), ("grad_parity", "gradient parity")):
-        v = results[k]
-        parts.append(f"{label} {'not run' if v is None else ('passed' if v == 'pass' else v)}")
+    parts = [f"{label} {'not run' if v is None else ('passed' if v == 'pass' else v)}"
+             for label, v in zip(("convergence check", "gradient parity"), results.values())]
     if comps:
         n_pass = sum(1 for r in comp_results if r == "pass")
         parts.append(f"{n_pass} of {len(comps)} component test{'s' if len(comps) != 1 else ''} passed")
     word = {"pass": "passed", "fail": "failed", "error": "error", "incomplete": "incomplete"}[result]
     out: dict[str, Any] = {"result": result, "summary": f"{word}; " + ", ".join(parts)}
-    ref = reference if reference is not None else (conv or {}).get("reference")
-    if ref:
-        out["reference"] = ref
-    if configuration is not None:
-        out["configuration"] = configuration
+    if conv and conv.get("reference"):
+        out["reference"] = conv["reference"]
     if comps:
         out["component_tests"] = comps
     if conv is not None:
@@ -63,8 +51,8 @@ def correctness_block(*, convergence: Mapping[str, Any] | None = None,
         out["grad_parity"] = gp
     if result == "incomplete":
         missing = [label for k, label in (("convergence", "the convergence check (tune verify)"),
-                                          ("grad_parity",
-                                           "gradient parity (tune verify --grad-parity)")) if results[k] is None]
+                                          ("grad_parity", "gradient parity (tune verify --grad-parity)"))
+                   if results[k] is None]
         out["note"] = ("status verified needs both the convergence check and gradient parity; not run: "
                        + ", ".join(missing))
     return out

@@ -13,19 +13,14 @@ from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout
 
-__all__ = ["check_pair", "checkpoint_model_reasons", "json_default", "layout_text", "parse_layout_spec"]
-
-
 _LAYOUT_KEYS_HELP = ("tp, pp, vpp, cp, ep, etp, micro_batch_size (or mbs), recompute (none|selective|full), "
                      "dispatcher, sequence_parallel, ...")
 
 
 def parse_layout_spec(text: str, world_size: int) -> Layout:
     """A layout from ``key=value`` pairs, e.g. ``tp=1,pp=1,ep=1``: :class:`Layout`'s field names plus ``mbs`` and
-    ``recompute`` (``full``: uniform, 1 layer; ``selective``: ``core_attn``); others take Megatron's defaults.
-
-    Raises:
-        TunerError: an empty string, a pair without ``=``, an unknown key or a bad value."""
+    ``recompute`` (``full``: uniform, 1 layer; ``selective``: ``core_attn``); others take Megatron's defaults. Raises
+    TunerError: an empty string, a pair without ``=``, an unknown key or a bad value."""
     if not text or not text.strip():
         raise TunerError(f"a layout is key=value pairs, e.g. 'tp=1,pp=1,ep=1'; got {text!r}")
     d: dict[str, Any] = {}
@@ -40,26 +35,23 @@ def parse_layout_spec(text: str, world_size: int) -> Layout:
             raise TunerError(f"layout {text!r}: {k} given twice")
         d[k] = v
     d.setdefault("world_size", world_size)
-    ints = {"world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size", "recompute_num_layers",
-            "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"}
+    numbers = {**dict.fromkeys(("world_size", "tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size",
+                                "recompute_num_layers", "num_layers_in_first_pipeline_stage",
+                                "num_layers_in_last_pipeline_stage"), int), "optimizer_offload_fraction": float}
     bools = {"sequence_parallel", "use_distributed_optimizer", "use_precision_aware_optimizer",
              "overlap_cpu_optimizer_d2h_h2d"}
     out: dict[str, Any] = {}
     for k, v in d.items():
-        if k in ints:
+        if k in numbers:
             try:
-                out[k] = int(v)
-            except (TypeError, ValueError):
-                raise TunerError(f"layout {text!r}: {k}={v!r} is not an integer") from None
+                out[k] = numbers[k](v)
+            except ValueError:
+                what = "an integer" if numbers[k] is int else "a number"
+                raise TunerError(f"layout {text!r}: {k}={v!r} is not {what}") from None
         elif k in bools:
             if str(v).lower() not in ("true", "false", "1", "0", "on", "off"):
                 raise TunerError(f"layout {text!r}: {k}={v!r} is not true/false")
             out[k] = str(v).lower() in ("true", "1", "on")
-        elif k == "optimizer_offload_fraction":
-            try:
-                out[k] = float(v)
-            except ValueError:
-                raise TunerError(f"layout {text!r}: {k}={v!r} is not a number") from None
         elif k == "recompute_modules":
             out[k] = tuple(x for x in str(v).split("+") if x)
         else:
@@ -81,13 +73,9 @@ def parse_layout_spec(text: str, world_size: int) -> Layout:
 
 def check_pair(candidate: Layout, reference: Layout, model: ModelSpec, cluster: Cluster, workload: Workload,
                fault: str | None, what: str) -> None:
-    """Both layouts use all of ``cluster``'s GPUs, keep Megatron's rules, and differ (unless ``fault`` is set).
-
-    Raises:
-        InfeasibleLayout: a layout breaks one of Megatron's rules (the rule and the reason are named).
-        TunerError: a layout is for another GPU count, or the two are the same layout without a fault
-            (``what`` names the flag to change).
-    """
+    """Both layouts use all of ``cluster``'s GPUs, keep Megatron's rules, and differ (unless ``fault`` is set). Raises
+    InfeasibleLayout: a layout breaks one of Megatron's rules (the rule and the reason are named); TunerError: a layout
+    is for another GPU count, or the two are the same layout without a fault (``what`` names the flag to change)."""
     for name, lay in (("candidate", candidate), ("reference", reference)):
         if lay.world_size != cluster.num_gpus:
             raise TunerError(f"the {name} layout {lay.label} is for {lay.world_size} GPUs, the check for "
@@ -99,6 +87,33 @@ def check_pair(candidate: Layout, reference: Layout, model: ModelSpec, cluster: 
     if candidate == reference and fault is None:
         raise TunerError(f"the candidate and the reference are the same layout ({candidate.label}): nothing to "
                          f"compare; give another {what}")
+
+
+def check_inputs(candidate: Layout, reference: Layout, model: ModelSpec, cluster: Cluster, workload: Workload, *,
+                 fault: str | None, what: str, init_checkpoint: str | Path | None, corpus: str | Path | None) -> Any:
+    """The corpus (:func:`launch.harness.data.load_corpus`) of a check with a known ``fault``, a pair :func:`check_pair`
+    accepts and an ``init_checkpoint`` of ``model``. Raises InfeasibleLayout: as :func:`check_pair`; TunerError: as
+    :func:`check_pair`; an unknown fault, a checkpoint of another model or a bad corpus."""
+    from launch.harness.data import load_corpus
+    from launch.harness.spec import FAULTS
+
+    if fault is not None and fault not in FAULTS:
+        raise TunerError(f"--fault {fault!r}: accepted {', '.join(FAULTS)}")
+    check_pair(candidate, reference, model, cluster, workload, fault, what)
+    why = checkpoint_model_reasons(init_checkpoint, model) if init_checkpoint is not None else []
+    if why:
+        raise TunerError("--init-checkpoint: " + "; ".join(why))
+    return load_corpus(corpus)
+
+
+def refuse_unrunnable(factory: Any, plan: Any, hint: str = "") -> None:
+    """Refuse a check one of whose arms (``plan.arms``) cannot run here, before any runs: no GPU time on a check that
+    cannot finish. Raises InfeasibleLayout: naming the arm and why."""
+    for arm in plan.arms:
+        why = factory(plan, arm).refusal(arm.layout, plan.model, plan.workload)
+        if why:
+            raise InfeasibleLayout("harness_env", f"the {arm.name} arm ({arm.layout.label}) cannot run here: {why}"
+                                   + hint)
 
 
 def json_default(x: Any) -> Any:

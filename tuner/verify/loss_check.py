@@ -1,16 +1,12 @@
 """``tune verify``: does a layout train the same numbers as a reference layout?
 
 :func:`plan_verify` plans two arms of the same model, GPUs and workload. The reference arm trains
-``warm_start_steps`` from the seed (from random weights a check compares little more than how fast each arm
-learns byte frequencies), writes a megatron-core distributed checkpoint once (``<out>/checkpoint``), loads it back
-and trains ``steps`` steps with a fresh optimizer; the candidate arm loads the same checkpoint (resharded to its
-TP/PP/VPP/EP) and trains ``steps`` steps. With ``init_checkpoint`` both load the user's checkpoint instead. Both
-see the same byte-tokenised rows in Megatron's sample order (:mod:`launch.harness.data`), the same hyperparameters
-(Adam, linear warm-up then constant learning rate, clipping 1.0, weight decay 0.1) and global batch; the loss of a
-step is the mean over the global batch. :func:`tuner.verify.convergence.compare_losses` decides.
-
-Outputs under ``<out>``: ``verify.json``, ``losses.png`` and each arm's harness folder (``reference/``,
-``candidate/``); the checkpoint is deleted afterwards unless kept. Runs on this machine's GPUs (local backend).
+``warm_start_steps`` from the seed, writes a megatron-core distributed checkpoint (``<out>/checkpoint``), loads it
+back and trains ``steps`` steps with a fresh optimizer; the candidate arm loads the same checkpoint (resharded) and
+trains ``steps`` steps (with ``init_checkpoint`` both load the user's). Both see the same byte-tokenised rows in
+Megatron's sample order (:mod:`launch.harness.data`) and hyperparameters; a step's loss is the mean over the global
+batch. :func:`tuner.verify.convergence.compare_losses` decides. Outputs under ``<out>``: ``verify.json``,
+``losses.png`` and each arm's harness folder.
 """
 
 from __future__ import annotations
@@ -26,20 +22,17 @@ from typing import Any
 
 from launch.base import Measurement, TrialFailed, TrialStopped
 from specs import Cluster, ModelSpec, Workload
-from specs.errors import InfeasibleLayout, TunerError
+from specs.errors import TunerError
 from specs.layout import Layout
 from tuner.verify.convergence import ConvergenceResult, ConvergenceThresholds, compare_losses
-from tuner.verify.inputs import check_pair, checkpoint_model_reasons, json_default
-
-__all__ = ["DEFAULT_LR", "VerifyArm", "VerifyOutcome", "VerifyPlan", "convergence_block", "local_backend_factory",
-           "plan_verify", "run_verify"]
+from tuner.verify.inputs import check_inputs, json_default, refuse_unrunnable
 
 #: MiniMax-M2 slice (the loss rose from 12.6 to 17.7, then spiked; bf16 noise grew into 14% differences).
 DEFAULT_LR = 1e-4
 #: Linear learning-rate warm-up, steps (of the warm start and of each arm's measured steps).
 DEFAULT_LR_WARMUP = 5
-#: Steps the reference arm trains from the seed before writing the check's starting checkpoint: a check
-#: that starts from random weights compares little more than how fast each arm learns byte frequencies.
+#: Steps the reference arm trains before writing the starting checkpoint: from random weights a check compares
+#: little more than how fast each arm learns byte frequencies.
 DEFAULT_WARM_START = 40
 #: Seed of the initial weights (the reference arm writes them; both arms load them).
 DEFAULT_SEED = 1234
@@ -47,19 +40,15 @@ DEFAULT_SEED = 1234
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class VerifyArm:
-    """One training run of the check."""
+    """One training run of the check (``reference`` or ``candidate``): the reference trains ``pretrain_steps`` and
+    writes ``save_checkpoint``; both start from ``load_checkpoint``; ``fault``, a deliberate bug (negative control)."""
 
     name: str
-    """``reference`` or ``candidate``."""
     layout: Layout
     save_checkpoint: str | None
-    """Where this arm writes the initial weights before loading them back (the reference arm only)."""
     load_checkpoint: str
-    """The checkpoint this arm starts from (the same for both arms)."""
     fault: str | None = None
-    """A deliberate bug (negative control); None for a real check."""
     pretrain_steps: int = 0
-    """Warm-start steps this arm trains before writing ``save_checkpoint``."""
 
     def harness_options(self, plan: VerifyPlan) -> dict[str, Any]:
         """Fields of this arm's :class:`launch.harness.spec.HarnessSpec`."""
@@ -151,30 +140,15 @@ def plan_verify(model: ModelSpec, cluster: Cluster, workload: Workload, candidat
                 warm_start_steps: int = DEFAULT_WARM_START, init_checkpoint: str | Path | None = None,
                 seed: int = DEFAULT_SEED, corpus: str | Path | None = None, fault: str | None = None,
                 thresholds: ConvergenceThresholds | None = None) -> VerifyPlan:
-    """The checkpoint-once, load-many plan for a candidate / reference pair (no GPU work; see the module docstring).
-
-    Args:
-        model: the model (already sliced with ``--layers`` where needed); both layouts use all of ``cluster``.
-        steps: optimizer steps per arm (>= 3); ``lr`` the peak learning rate after ``lr_warmup_steps``.
-        warm_start_steps: steps the reference arm trains before it writes the starting checkpoint.
-        init_checkpoint: a megatron-core distributed checkpoint of this model both arms load instead (no warm start).
-        corpus: a UTF-8 text file, or None for CPython's bundled documentation.
-        fault: a deliberate bug for the candidate arm (:data:`launch.harness.spec.FAULTS`): a negative control.
-
-    Raises:
-        InfeasibleLayout: a layout breaks one of Megatron's rules (the rule and the reason are named).
-        TunerError: the layouts are for another GPU count or identical, ``steps`` < 3,
-            a bad learning rate or corpus, or an unknown fault.
-    """
-    from launch.harness.data import load_corpus
-    from launch.harness.spec import FAULTS
-
+    """The checkpoint-once, load-many plan of a candidate / reference pair (see the module docstring): ``steps`` (>= 3)
+    per arm at peak ``lr`` after ``lr_warmup_steps``; ``corpus`` a UTF-8 text file (None: CPython's bundled
+    documentation); ``fault`` a deliberate bug of the candidate arm (:data:`launch.harness.spec.FAULTS`). Raises
+    InfeasibleLayout or TunerError: as :func:`tuner.verify.inputs.check_inputs`; ``steps`` < 3, a bad learning rate
+    or warm-up."""
     if steps < 3:
         raise TunerError(f"--steps must be at least 3 (a correlation needs a curve), got {steps!r}")
     if not 0 < lr < 1:
         raise TunerError(f"--lr must be in (0, 1), got {lr!r}")
-    if fault is not None and fault not in FAULTS:
-        raise TunerError(f"--fault {fault!r}: accepted {', '.join(FAULTS)}")
     for flag, v in (("--lr-warmup-steps", lr_warmup_steps), ("--warm-start-steps", warm_start_steps)):
         if v < 0:
             raise TunerError(f"{flag} must be 0 or more, got {v!r}")
@@ -186,12 +160,9 @@ def plan_verify(model: ModelSpec, cluster: Cluster, workload: Workload, candidat
         if not (ic.is_dir() and (ic / "metadata.json").exists()):
             raise TunerError(f"--init-checkpoint {str(ic)!r}: not a megatron-core distributed checkpoint (a folder "
                              "with metadata.json)")
-        why = checkpoint_model_reasons(ic, model)
-        if why:
-            raise TunerError("--init-checkpoint: " + "; ".join(why))
         warm_start_steps = 0
-    check_pair(candidate, reference, model, cluster, workload, fault, "--reference")
-    c = load_corpus(corpus)
+    c = check_inputs(candidate, reference, model, cluster, workload, fault=fault, what="--reference",
+                     init_checkpoint=init_checkpoint, corpus=corpus)
     out = Path(out_dir)
     ckpt = str(Path(init_checkpoint)) if init_checkpoint is not None else str(out / "checkpoint")
     save = None if init_checkpoint is not None else ckpt
@@ -230,18 +201,11 @@ def local_backend_factory(*, timeout_s: float = 900.0, launcher: list[str] | Non
 def run_verify(plan: VerifyPlan, backend_factory: BackendFactory | None = None, *, keep_checkpoint: bool = False,
                on_arm: Callable[[str, str], None] | None = None) -> VerifyOutcome:
     """Run both arms of ``plan`` and compare their loss curves; write ``verify.json`` and ``losses.png``. An arm that
-    fails makes the outcome ``error``, not ``fail``. ``on_arm`` gets (arm, "start" | "done" | "failed").
-
-    Raises:
-        TunerError: ``out_dir`` cannot be written.
-        InfeasibleLayout: an arm cannot run here (e.g. another GPU count)."""
+    fails makes the outcome ``error``, not ``fail``. ``on_arm`` gets (arm, "start" | "done" | "failed"). Raises
+    TunerError: ``out_dir`` cannot be written; InfeasibleLayout: an arm cannot run here (e.g. another GPU count)."""
     factory = backend_factory or local_backend_factory()
-    for arm in plan.arms:  # both arms, before either runs: no GPU time on a check that cannot finish
-        why = factory(plan, arm).refusal(arm.layout, plan.model, plan.workload)
-        if why:
-            raise InfeasibleLayout("harness_env", f"the {arm.name} arm ({arm.layout.label}) cannot run here: {why}; "
-                                   "check a layout this machine can run with --candidate KEY=VALUE,... (e.g. the same "
-                                   "layout with dispatcher=alltoall)")
+    refuse_unrunnable(factory, plan, "; check a layout this machine can run with --candidate KEY=VALUE,... (e.g. the "
+                      "same layout with dispatcher=alltoall)")
     out = Path(plan.out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -256,10 +220,10 @@ def run_verify(plan: VerifyPlan, backend_factory: BackendFactory | None = None, 
     logs: dict[str, str] = {}
     versions: dict[str, Any] = {}
     error = ""
+    say = on_arm or (lambda arm, state: None)
     try:
         for arm in plan.arms:
-            if on_arm:
-                on_arm(arm.name, "start")
+            say(arm.name, "start")
             backend = factory(plan, arm)
             try:
                 m: Measurement = backend.run(arm.layout, model=plan.model, cluster=plan.cluster, workload=plan.workload,
@@ -267,14 +231,12 @@ def run_verify(plan: VerifyPlan, backend_factory: BackendFactory | None = None, 
             except (TrialFailed, TrialStopped) as e:
                 logs[arm.name] = getattr(e, "log_path", "") or str(out / arm.name)
                 error = f"the {arm.name} arm ({arm.layout.label}) did not finish: {e}"
-                if on_arm:
-                    on_arm(arm.name, "failed")
+                say(arm.name, "failed")
                 break
             logs[arm.name] = m.log_path
             losses[arm.name] = tuple(m.losses)
             versions = (m.extra.get("summary") or {}).get("versions", versions)
-            if on_arm:
-                on_arm(arm.name, "done")
+            say(arm.name, "done")
     finally:
         if not keep_checkpoint and plan.init_checkpoint is None:  # never delete the user's checkpoint
             shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)
@@ -360,6 +322,6 @@ def convergence_block(outcome: VerifyOutcome) -> dict[str, Any]:
 
 
 def _round(x: float, nd: int) -> float | None:
-    return round(float(x), nd) if x == x and math.isfinite(x) else None
+    return round(float(x), nd) if math.isfinite(x) else None
 
 

@@ -1,23 +1,18 @@
-"""Gradient parity's metrics: every parameter's gradient in a candidate layout against a reference layout (pure
-NumPy; the GPU program, :mod:`launch.harness.train` with ``dump_grads``, only produces the numbers).
+"""Gradient parity's metrics (NumPy; :mod:`launch.harness.train` with ``dump_grads`` produces the numbers).
 
-From one checkpoint and one global batch, every parameter's full gradient (gathered over its shards, fp32, named
-layout-independently: :mod:`launch.harness.gather`) is compared by relative L2 error ``||c - r|| / ||r||`` (0 when
-both are zero, inf when only ``r`` is) and cosine ``<c, r> / (||c|| ||r||)`` (1 when both are zero), in float64
-over chunks. A scaled gradient (``c = 2 r``) has cosine 1 and relative error 1, so the relative error catches the
-seed's bug class and the cosine a wrong direction. Failures: ``missing_tensor``, ``shape_mismatch``,
-``non_finite``, ``relative_l2``, ``cosine``.
-
-Threshold (:meth:`ParityThresholds.from_noise`): ``max(NOISE_FACTOR x worst noise between two reference runs,
-BF16_RELATIVE_FLOOR)``; the floor because two runs of one layout may repeat bit for bit while two layouts round
-differently in bf16. The cosine threshold is ``1 - t**2 / 2`` (two vectors of equal length differing by ``t``).
+Every parameter's full fp32 gradient (:mod:`launch.harness.gather`) of the candidate and the reference, from one
+checkpoint and one global batch, is compared by relative L2 error ``||c - r|| / ||r||`` (catches a scaled gradient,
+the seed's bug class) and cosine ``<c, r> / (||c|| ||r||)`` (a wrong direction), in float64 over chunks. The
+threshold (:meth:`ParityThresholds.from_noise`) is ``max(NOISE_FACTOR x the worst noise between two reference runs,
+BF16_RELATIVE_FLOOR)`` (two runs of one layout may repeat bit for bit while two layouts round differently in bf16),
+the cosine's ``1 - t**2 / 2`` (two vectors of equal length differing by ``t``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,10 +22,6 @@ import numpy as np
 from launch.harness.gather import GRAD_DUMP_FORMAT
 from specs.errors import TunerError
 
-__all__ = ["BF16_RELATIVE_FLOOR", "NOISE_FACTOR", "GradDump", "ParityResult", "ParityThresholds", "TensorDiff",
-           "compare_grad_dumps", "compare_gradients", "load_grad_dump", "parity_block", "tensor_diff"]
-
-
 #: torch.testing.assert_close's default relative tolerance for torch.bfloat16 (``rtol=1.6e-2``,
 #: torch/testing/_comparison.py ``_DTYPE_PRECISIONS``): the floor of the parity threshold.
 BF16_RELATIVE_FLOOR = 1.6e-2
@@ -38,10 +29,6 @@ BF16_RELATIVE_FLOOR = 1.6e-2
 #: (an order of magnitude above the measured noise; a choice, stated with every result).
 NOISE_FACTOR = 10.0
 _CHUNK = 1 << 22
-
-
-# --------------------------------------------------------------------------------------------------
-# tensor comparison
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -72,14 +59,6 @@ class TensorDiff:
     def finite(self) -> bool:
         return self.nonfinite_candidate == 0 and self.nonfinite_reference == 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape_candidate": list(self.shape_candidate),
-                "shape_reference": list(self.shape_reference), "numel": self.numel,
-                "norm_candidate": self.norm_candidate, "norm_reference": self.norm_reference,
-                "diff_norm": self.diff_norm, "rel_l2": self.rel_l2, "cosine": self.cosine,
-                "max_abs_diff": self.max_abs_diff, "nonfinite_candidate": self.nonfinite_candidate,
-                "nonfinite_reference": self.nonfinite_reference}
-
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TensorDiff:
         return cls(**{**d, "shape_candidate": tuple(d["shape_candidate"]),
@@ -94,34 +73,27 @@ def tensor_diff(name: str, candidate: Any, reference: Any, *, chunk: int = _CHUN
     """
     c, r = np.asarray(candidate), np.asarray(reference)
     nan = float("nan")
+    head: dict[str, Any] = {"name": name, "shape_candidate": tuple(c.shape), "shape_reference": tuple(r.shape),
+                            "numel": int(r.size)}
+    unknown: dict[str, Any] = dict.fromkeys(("norm_candidate", "norm_reference", "diff_norm", "rel_l2", "cosine",
+                                             "max_abs_diff"), nan)
     if c.shape != r.shape:
-        return TensorDiff(name=name, shape_candidate=tuple(c.shape), shape_reference=tuple(r.shape), numel=int(r.size),
-                          norm_candidate=nan, norm_reference=nan, diff_norm=nan, rel_l2=nan, cosine=nan,
-                          max_abs_diff=nan)
+        return TensorDiff(**head, **unknown)
     cf, rf = c.reshape(-1), r.reshape(-1)
-    cc = rr = cr = dd = 0.0
-    mx = 0.0
+    cc = rr = cr = dd = mx = 0.0
     bad_c = bad_r = 0
     for i in range(0, cf.size, chunk):
         a = np.asarray(cf[i:i + chunk], dtype=np.float64)
         b = np.asarray(rf[i:i + chunk], dtype=np.float64)
-        fa, fb = np.isfinite(a), np.isfinite(b)
-        nba, nbb = int(a.size - np.count_nonzero(fa)), int(b.size - np.count_nonzero(fb))
-        bad_c += nba
-        bad_r += nbb
-        if nba or nbb:
+        bad_c += int(a.size - np.count_nonzero(np.isfinite(a)))
+        bad_r += int(b.size - np.count_nonzero(np.isfinite(b)))
+        if bad_c or bad_r:
             continue
         d = a - b
-        cc += float(np.dot(a, a))
-        rr += float(np.dot(b, b))
-        cr += float(np.dot(a, b))
-        dd += float(np.dot(d, d))
-        if d.size:
-            mx = max(mx, float(np.max(np.abs(d))))
+        cc, rr, cr, dd = cc + float(a @ a), rr + float(b @ b), cr + float(a @ b), dd + float(d @ d)
+        mx = max(mx, float(np.max(np.abs(d), initial=0.0)))
     if bad_c or bad_r:
-        return TensorDiff(name=name, shape_candidate=tuple(c.shape), shape_reference=tuple(r.shape), numel=int(r.size),
-                          norm_candidate=nan, norm_reference=nan, diff_norm=nan, rel_l2=nan, cosine=nan,
-                          max_abs_diff=nan, nonfinite_candidate=bad_c, nonfinite_reference=bad_r)
+        return TensorDiff(**head, **unknown, nonfinite_candidate=bad_c, nonfinite_reference=bad_r)
     nc, nr, nd = math.sqrt(cc), math.sqrt(rr), math.sqrt(dd)
     rel = (0.0 if nd == 0 else math.inf) if nr == 0 else nd / nr
     if nc == 0 and nr == 0:
@@ -130,8 +102,8 @@ def tensor_diff(name: str, candidate: Any, reference: Any, *, chunk: int = _CHUN
         cos = 0.0
     else:
         cos = max(-1.0, min(1.0, cr / (nc * nr)))
-    return TensorDiff(name=name, shape_candidate=tuple(c.shape), shape_reference=tuple(r.shape), numel=int(r.size),
-                      norm_candidate=nc, norm_reference=nr, diff_norm=nd, rel_l2=rel, cosine=cos, max_abs_diff=mx)
+    return TensorDiff(**head, norm_candidate=nc, norm_reference=nr, diff_norm=nd, rel_l2=rel, cosine=cos,
+                      max_abs_diff=mx)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,13 +111,11 @@ class ParityThresholds:
     """What a tensor may differ by between two layouts (see the module docstring for the rule)."""
 
     rel_l2: float = BF16_RELATIVE_FLOOR
-    """Largest relative L2 error a tensor may have."""
     cosine: float = 1.0 - BF16_RELATIVE_FLOOR**2 / 2
-    """Smallest cosine a tensor may have."""
+    """The largest relative L2 error and the smallest cosine a tensor may have."""
     noise_rel_l2: float | None = None
-    """The worst relative L2 error between two runs of the reference (None: not measured)."""
     noise_cosine: float | None = None
-    """The smallest cosine between two runs of the reference (None: not measured)."""
+    """The same between two runs of the reference (None: not measured)."""
     factor: float = NOISE_FACTOR
     floor: float = BF16_RELATIVE_FLOOR
     source: str = "floor only (the noise between two runs of the reference was not measured)"
@@ -154,10 +124,8 @@ class ParityThresholds:
     def from_noise(cls, noise: ParityResult | float, *, factor: float = NOISE_FACTOR,
                    floor: float = BF16_RELATIVE_FLOOR) -> ParityThresholds:
         """Thresholds ``max(factor x noise, floor)`` from ``noise``: the reference's second run against its first
-        (:func:`compare_gradients`) or its worst relative L2 error.
-
-        Raises:
-            TunerError: the noise comparison itself is broken (missing tensors, other shapes, NaN)."""
+        (:func:`compare_gradients`) or its worst relative L2 error. Raises TunerError: the noise comparison itself is
+        broken (missing tensors, other shapes, NaN)."""
         worst, worst_cos = (noise.worst_rel_l2, noise.worst_cosine) if isinstance(noise, ParityResult) else (
             float(noise), None)
         if isinstance(noise, ParityResult):
@@ -174,9 +142,6 @@ class ParityThresholds:
         return cls(rel_l2=t, cosine=1.0 - t * t / 2, noise_rel_l2=worst, noise_cosine=worst_cos, factor=factor,
                    floor=floor, source=src)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParityResult:
@@ -186,9 +151,8 @@ class ParityResult:
     failed_metrics: tuple[str, ...]
     tensors: tuple[TensorDiff, ...]
     missing: tuple[str, ...] = ()
-    """Tensors of the reference that the candidate lacks."""
     extra: tuple[str, ...] = ()
-    """Tensors of the candidate that the reference lacks."""
+    """Tensors of the candidate that the reference lacks (``missing``: the other way round)."""
     thresholds: ParityThresholds = field(default_factory=ParityThresholds)
     candidate: str = "candidate"
     reference: str = "reference"
@@ -213,28 +177,19 @@ class ParityResult:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ParityResult:
-        """Inverse of :meth:`to_dict` (with ``per_tensor``); the thresholds come back as recorded.
-
-        Raises:
-            TunerError: a dict without the per-tensor rows.
-        """
+        """Inverse of :meth:`to_dict` (with ``per_tensor``); the thresholds come back as recorded. Raises TunerError: a
+        dict without the per-tensor rows."""
         if "per_tensor" not in d:
             raise TunerError("a parity result needs its per-tensor rows to be read back")
-        th = d.get("thresholds") or {}
+        th = d.get("thresholds")
         return cls(passed=bool(d["passed"]), failed_metrics=tuple(d["failed_metrics"]),
-                   tensors=tuple(TensorDiff.from_dict(t) for t in d["per_tensor"]),
-                   missing=tuple(d.get("missing", ())), extra=tuple(d.get("extra", ())),
-                   thresholds=ParityThresholds(**th) if th else ParityThresholds(),
-                   candidate=d.get("candidate", "candidate"),
-                   reference=d.get("reference", "reference"), messages=tuple(d.get("messages", ())))
+                   tensors=tuple(TensorDiff.from_dict(t) for t in d["per_tensor"]), missing=tuple(d["missing"]),
+                   extra=tuple(d["extra"]), thresholds=ParityThresholds(**th) if th else ParityThresholds(),
+                   candidate=d["candidate"], reference=d["reference"], messages=tuple(d["messages"]))
 
     def worst_tensors(self, k: int = 5) -> list[TensorDiff]:
         """The ``k`` tensors with the largest relative error (not-finite and mismatched ones first)."""
-        def key(t: TensorDiff) -> tuple[int, float]:
-            if not t.shape_ok or not t.finite:
-                return (0, 0.0)
-            return (1, -t.rel_l2 if t.rel_l2 == t.rel_l2 else 0.0)
-        return sorted(self.tensors, key=key)[:k]
+        return sorted(self.tensors, key=lambda t: (1, -t.rel_l2) if t.shape_ok and t.finite else (0, 0.0))[:k]
 
     def summary(self) -> str:
         n = len(self.compared)
@@ -251,17 +206,13 @@ class ParityResult:
             "summary": self.summary(),
             "candidate": self.candidate, "reference": self.reference, "tensors_compared": len(self.compared),
             "tensors": len(self.tensors),
-            "worst_rel_l2": _finite_or_none(self.worst_rel_l2), "worst_cosine": _finite_or_none(self.worst_cosine),
-            "worst": [t.to_dict() for t in self.worst_tensors(5)], "missing": list(self.missing),
-            "extra": list(self.extra), "thresholds": self.thresholds.to_dict(), "messages": list(self.messages),
+            "worst_rel_l2": _sig(self.worst_rel_l2, 17), "worst_cosine": _sig(self.worst_cosine, 17),
+            "worst": [asdict(t) for t in self.worst_tensors(5)], "missing": list(self.missing),
+            "extra": list(self.extra), "thresholds": asdict(self.thresholds), "messages": list(self.messages),
         }
         if all_tensors:
-            d["per_tensor"] = [t.to_dict() for t in self.tensors]
+            d["per_tensor"] = [asdict(t) for t in self.tensors]
         return d
-
-
-def _finite_or_none(x: float) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
 def compare_gradients(candidate: Mapping[str, Any], reference: Mapping[str, Any],
@@ -315,35 +266,24 @@ def compare_gradients(candidate: Mapping[str, Any], reference: Mapping[str, Any]
                         thresholds=th, candidate=candidate_label, reference=reference_label, messages=tuple(msgs))
 
 
-# --------------------------------------------------------------------------------------------------
-# gradient dumps (the harness writes them, :mod:`launch.harness.grads`)
-
-
 @dataclass(frozen=True, slots=True)
 class GradDump:
-    """A gradient dump: ``index.json`` (what ran) and one ``.npy`` file per parameter (loaded lazily, memory-mapped)."""
+    """A gradient dump (the harness writes it, :mod:`launch.harness.grads`): ``index.json`` (what ran) and one
+    ``.npy`` file per parameter."""
 
     path: Path
     meta: dict[str, Any]
-
-    @property
-    def names(self) -> list[str]:
-        return sorted(self.meta["tensors"])
 
     @property
     def label(self) -> str:
         return str(self.meta.get("label") or self.meta.get("layout_label") or self.path.name)
 
     def tensor(self, name: str) -> np.ndarray:
-        """The gradient of ``name`` (float32, memory-mapped).
-
-        Raises:
-            TunerError: the file is missing or not the recorded shape.
-        """
+        """The gradient of ``name`` (float32, memory-mapped). Raises TunerError: the file is missing or not the recorded
+        shape."""
         t = self.meta["tensors"][name]
-        f = self.path / t["file"]
         try:
-            a: np.ndarray = np.load(f, mmap_mode="r")
+            a: np.ndarray = np.load(self.path / t["file"], mmap_mode="r")
         except (OSError, ValueError) as e:
             raise TunerError(f"gradient dump {self.path}: cannot read {t['file']} for {name} ({e})") from None
         if list(a.shape) != list(t["shape"]):
@@ -351,30 +291,10 @@ class GradDump:
                              f"{t['shape']}")
         return a
 
-    def mapping(self) -> _LazyDump:
-        return _LazyDump(self)
-
-
-class _LazyDump(Mapping[str, np.ndarray]):
-    def __init__(self, dump: GradDump) -> None:
-        self._d = dump
-
-    def __getitem__(self, k: str) -> np.ndarray:
-        return self._d.tensor(k)
-
-    def __iter__(self) -> Any:
-        return iter(self._d.names)
-
-    def __len__(self) -> int:
-        return len(self._d.meta["tensors"])
-
 
 def load_grad_dump(path: str | Path) -> GradDump:
-    """Read a gradient dump's index.
-
-    Raises:
-        TunerError: not a folder with an ``index.json`` of format :data:`GRAD_DUMP_FORMAT`.
-    """
+    """Read a gradient dump's index. Raises TunerError: not a folder with an ``index.json`` of format
+    :data:`GRAD_DUMP_FORMAT`."""
     p = Path(path)
     idx = p / "index.json"
     try:
@@ -387,30 +307,40 @@ def load_grad_dump(path: str | Path) -> GradDump:
     return GradDump(p, meta)
 
 
-def _same(what: str, a: Any, b: Any, ca: GradDump, cb: GradDump) -> None:
-    if a != b:
-        raise TunerError(f"the gradient dumps {ca.path} and {cb.path} are not of the same {what} ({a!r} vs {b!r}): "
-                         "gradient parity compares two layouts of one model from one checkpoint on one global batch")
-
-
 def compare_grad_dumps(candidate: str | Path | GradDump, reference: str | Path | GradDump,
                        thresholds: ParityThresholds | None = None) -> ParityResult:
-    """:func:`compare_gradients` on two dumps, after checking they are comparable.
-
-    Raises:
-        TunerError: a dump that cannot be read, or two dumps of another model (fingerprint), another
-            starting checkpoint or another batch (data offset, global batch, sequence length, corpus).
-    """
+    """:func:`compare_gradients` on two dumps, after checking they are comparable. Raises TunerError: a dump that cannot
+    be read, or two dumps of another model (fingerprint), another starting checkpoint or another batch (data offset,
+    global batch, sequence length, corpus)."""
     c = candidate if isinstance(candidate, GradDump) else load_grad_dump(candidate)
     r = reference if isinstance(reference, GradDump) else load_grad_dump(reference)
-    _same("model", c.meta.get("model_fingerprint"), r.meta.get("model_fingerprint"), c, r)
-    _same("checkpoint", c.meta.get("checkpoint"), r.meta.get("checkpoint"), c, r)
-    _same("batch", c.meta.get("batch"), r.meta.get("batch"), c, r)
-    return compare_gradients(c.mapping(), r.mapping(), thresholds, candidate_label=c.label, reference_label=r.label)
+    for what, key in (("model", "model_fingerprint"), ("checkpoint", "checkpoint"), ("batch", "batch")):
+        if c.meta.get(key) != r.meta.get(key):
+            raise TunerError(f"the gradient dumps {c.path} and {r.path} are not of the same {what} "
+                             f"({c.meta.get(key)!r} vs {r.meta.get(key)!r}): gradient parity compares two layouts "
+                             "of one model from one checkpoint on one global batch")
+    return compare_gradients(_Lazy(c), _Lazy(r), thresholds, candidate_label=c.label, reference_label=r.label)
 
 
-def parity_block(result: ParityResult, *, date: str = "", gpu: str = "", seconds: float | None = None,
-                 note: str = "") -> dict[str, Any]:
+class _Lazy(Mapping[str, np.ndarray]):
+    """A dump's tensors, each memory-mapped only while compared (a model's thousands at once would run out of file
+    descriptors)."""
+
+    def __init__(self, dump: GradDump) -> None:
+        self.dump = dump
+
+    def __getitem__(self, k: str) -> np.ndarray:
+        return self.dump.tensor(k)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.dump.meta["tensors"])
+
+    def __len__(self) -> int:
+        return len(self.dump.meta["tensors"])
+
+
+def parity_block(result: ParityResult, *, date: str = "", gpu: str = "",
+                 seconds: float | None = None) -> dict[str, Any]:
     """The recipe's ``correctness.grad_parity`` entry (seed style: short fields, the worst tensors by name and
     layout)."""
     worst = [{"tensor": t.name, "rel_l2": _sig(t.rel_l2), "cosine": _sig(t.cosine, 9)} for t in result.worst_tensors(3)]
@@ -428,14 +358,11 @@ def parity_block(result: ParityResult, *, date: str = "", gpu: str = "", seconds
         d["date"] = date
     if seconds is not None:
         d["seconds"] = round(float(seconds), 1)
-    d["note"] = note or ("one forward and backward of one global batch from one checkpoint in each layout; every "
-                         "parameter's full fp32 gradient compared by relative L2 error and cosine")
+    d["note"] = ("one forward and backward of one global batch from one checkpoint in each layout; every parameter's "
+                 "full fp32 gradient compared by relative L2 error and cosine")
     return d
 
 
 def _sig(x: float, n: int = 3) -> float | None:
-    if not isinstance(x, (int, float)) or not math.isfinite(x):
-        return None
-    if x == 0:
-        return 0.0
-    return float(f"{x:.{n}g}")
+    """``x`` to ``n`` significant digits (17: exact); None when it is not finite."""
+    return float(f"{x:.{n}g}") if math.isfinite(x) else None

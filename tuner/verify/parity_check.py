@@ -7,39 +7,34 @@ full gradient (:mod:`launch.harness.grads`); :mod:`tuner.verify.parity` compares
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import json
 import shutil
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launch.base import TrialFailed, TrialStopped
-from launch.harness.gather import model_fingerprint
 from specs import Cluster, ModelSpec, Workload
-from specs.errors import InfeasibleLayout, TunerError
+from specs.errors import TunerError
 from specs.layout import Layout
-from tuner.verify.inputs import check_pair, checkpoint_model_reasons, json_default, layout_text
+from tuner.verify.inputs import check_inputs, json_default, layout_text, refuse_unrunnable
 from tuner.verify.loss_check import DEFAULT_LR
 from tuner.verify.parity import ParityResult, ParityThresholds, compare_grad_dumps, load_grad_dump, parity_block
-
-__all__ = ["GradParityArm", "GradParityOutcome", "GradParityPlan", "parity_backend_factory", "plan_grad_parity",
-           "run_grad_parity"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GradParityArm:
-    """One forward and backward of the parity check."""
+    """One forward and backward of the parity check: ``reference``, ``reference_repeat`` (the noise run) or
+    ``candidate``; the reference writes the seed's weights to ``save_checkpoint`` when the check has none."""
 
     name: str
-    """``reference``, ``reference_repeat`` (the noise run) or ``candidate``."""
     layout: Layout
     dump_dir: str
     fault: str | None = None
     save_checkpoint: str | None = None
-    """The reference arm writes the seed's weights here when the check has no checkpoint of its own."""
 
     def harness_options(self, plan: GradParityPlan) -> dict[str, Any]:
         return {
@@ -86,40 +81,17 @@ class GradParityPlan:
 def plan_grad_parity(model: ModelSpec, cluster: Cluster, workload: Workload, candidate: Layout, reference: Layout, *,
                      out_dir: str | Path, init_checkpoint: str | Path | None = None,
                      reference_dir: str | Path | None = None, corpus: str | Path | None = None,
-                     data_step_offset: int = 0, fault: str | None = None, factor: float = 10.0, floor: float = 1.6e-2,
-                     candidate_model: ModelSpec | None = None) -> GradParityPlan:
+                     data_step_offset: int = 0, fault: str | None = None, factor: float = 10.0,
+                     floor: float = 1.6e-2) -> GradParityPlan:
     """The gradient-parity plan: reference, a second reference run (its noise sets the threshold), candidate; one
-    forward and backward each from one checkpoint on one global batch (:mod:`tuner.verify.parity`).
-
-    Args:
-        init_checkpoint: a checkpoint of ``model`` every arm loads (None: the reference writes the seed's weights).
-        reference_dir: where the reference's two dumps go (default ``<out>``); reused by later candidates.
-        data_step_offset: the optimizer step whose rows are the batch.
-        factor, floor: the threshold rule (:meth:`tuner.verify.parity.ParityThresholds.from_noise`).
-
-    Raises:
-        InfeasibleLayout: a layout breaks one of Megatron's rules.
-        TunerError: another model for the candidate, another GPU count, the same layouts without a fault, a checkpoint
-            of another model, or a bad corpus, fault or threshold."""
-    from launch.harness.data import load_corpus
-    from launch.harness.spec import FAULTS
-
-    if candidate_model is not None and (model_fingerprint(dataclasses.asdict(candidate_model))
-                                       != model_fingerprint(dataclasses.asdict(model))):
-        raise TunerError(f"the candidate ({candidate_model.name}) and the reference ({model.name}) are not the same "
-                         "model: gradient parity compares two layouts of one model")
-    if fault is not None and fault not in FAULTS:
-        raise TunerError(f"--fault {fault!r}: accepted {', '.join(FAULTS)}")
-    if data_step_offset < 0:
-        raise TunerError(f"the batch's step must be an integer >= 0, got {data_step_offset!r}")
+    forward and backward each from ``init_checkpoint`` (None: the seed's weights, written by the reference) on the
+    rows of step ``data_step_offset``. The reference's dumps go to ``reference_dir`` (default ``out_dir``), reused by
+    later candidates; ``factor`` and ``floor`` make the threshold (:meth:`ParityThresholds.from_noise`). Raises
+    InfeasibleLayout or TunerError: as :func:`tuner.verify.inputs.check_inputs`, or a bad threshold rule."""
     if not (factor >= 1 and 0 < floor < 1):
         raise TunerError(f"--noise-factor must be >= 1 and --noise-floor in (0, 1), got {factor!r}, {floor!r}")
-    check_pair(candidate, reference, model, cluster, workload, fault, "reference")
-    if init_checkpoint is not None:
-        why = checkpoint_model_reasons(init_checkpoint, model)
-        if why:
-            raise TunerError("--init-checkpoint: " + "; ".join(why))
-    c = load_corpus(corpus)
+    c = check_inputs(candidate, reference, model, cluster, workload, fault=fault, what="reference",
+                     init_checkpoint=init_checkpoint, corpus=corpus)
     out = Path(out_dir)
     rdir = Path(reference_dir) if reference_dir is not None else out
     ckpt = str(Path(init_checkpoint)) if init_checkpoint is not None else str(rdir / "checkpoint")
@@ -146,11 +118,10 @@ class GradParityOutcome:
 
     plan: GradParityPlan
     result: str
-    parity: Any = None
-    """The candidate against the reference (:class:`tuner.verify.parity.ParityResult`)."""
-    noise: Any = None
-    """The reference's second run against its first."""
-    thresholds: Any = None
+    parity: ParityResult | None = None
+    noise: ParityResult | None = None
+    """The reference's second run against its first (``parity``: the candidate against the reference)."""
+    thresholds: ParityThresholds | None = None
     error: str = ""
     arm_seconds: dict[str, float] = field(default_factory=dict)
     losses: dict[str, float | None] = field(default_factory=dict)
@@ -170,7 +141,7 @@ class GradParityOutcome:
         return {"result": self.result, "error": self.error, "date": self.date, "seconds": self.seconds,
                 "arm_seconds": self.arm_seconds,
                 "losses": self.losses, "reused": list(self.reused), "plan": self.plan.to_dict(),
-                "thresholds": self.thresholds.to_dict() if self.thresholds is not None else None,
+                "thresholds": asdict(self.thresholds) if self.thresholds is not None else None,
                 "noise": self.noise.to_dict(all_tensors=False) if self.noise is not None else None,
                 "parity": self.parity.to_dict() if self.parity is not None else None}
 
@@ -193,10 +164,9 @@ def _reusable(arm: GradParityArm, plan: GradParityPlan) -> bool:
     if arm.name == "candidate" or plan.init_checkpoint is None:
         return False
     try:
-        d = load_grad_dump(arm.dump_dir)
+        m = load_grad_dump(arm.dump_dir).meta
     except TunerError:
         return False
-    m = d.meta
     b = m.get("batch") or {}
     return (m.get("layout") == arm.layout.to_dict() and not m.get("fault")
             and b.get("data_step_offset") == plan.data_step_offset
@@ -206,27 +176,19 @@ def _reusable(arm: GradParityArm, plan: GradParityPlan) -> bool:
 
 
 def run_grad_parity(plan: GradParityPlan, backend_factory: Callable[[GradParityPlan, GradParityArm], Any] | None = None,
-                    *, on_arm: Callable[[str, str], None] | None = None, keep_candidate_dump: bool = False
-                   ) -> GradParityOutcome:
-    """Run the arms of ``plan`` (reusing the reference's dumps where they fit), set the threshold from the
-    reference's noise and compare the candidate; writes ``parity.json``.
-
-    Raises:
-        InfeasibleLayout: an arm cannot run here (checked for every arm before any runs).
-        TunerError: the folder cannot be written, or the noise measurement itself is broken."""
-    import time
-
-
+                    *, on_arm: Callable[[str, str], None] | None = None) -> GradParityOutcome:
+    """Run the arms of ``plan`` (reusing the reference's dumps where they fit), set the threshold from the reference's
+    noise and compare the candidate; writes ``parity.json``. Raises InfeasibleLayout: an arm cannot run here (checked
+    for every arm before any runs); TunerError: the folder cannot be written, or the noise measurement itself is
+    broken."""
     factory = backend_factory or parity_backend_factory()
-    for arm in plan.arms:
-        why = factory(plan, arm).refusal(arm.layout, plan.model, plan.workload)
-        if why:
-            raise InfeasibleLayout("harness_env", f"the {arm.name} arm ({arm.layout.label}) cannot run here: {why}")
+    refuse_unrunnable(factory, plan)
     out = Path(plan.out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TunerError(f"cannot write the check's folder {out} ({e.strerror or e})") from None
+    say = on_arm or (lambda arm, state: None)
     t0 = time.monotonic()
     secs: dict[str, float] = {}
     reused: list[str] = []
@@ -236,23 +198,20 @@ def run_grad_parity(plan: GradParityPlan, backend_factory: Callable[[GradParityP
             reused.append(arm.name)
             continue
         shutil.rmtree(Path(arm.dump_dir), ignore_errors=True)
-        if on_arm:
-            on_arm(arm.name, "start")
+        say(arm.name, "start")
         ta = time.monotonic()
         try:
             factory(plan, arm).run(arm.layout, model=plan.model, cluster=plan.cluster, workload=plan.workload,
                                    trial_dir=Path(arm.dump_dir).parent.name)
         except (TrialFailed, TrialStopped) as e:
             error = f"the {arm.name} arm ({arm.layout.label}) did not finish: {e}"
-            if on_arm:
-                on_arm(arm.name, "failed")
+            say(arm.name, "failed")
             break
         secs[arm.name] = time.monotonic() - ta
         if not (Path(arm.dump_dir) / "index.json").exists():
             error = f"the {arm.name} arm ({arm.layout.label}) finished without writing its gradients to {arm.dump_dir}"
             break
-        if on_arm:
-            on_arm(arm.name, "done")
+        say(arm.name, "done")
     noise = parity = th = None
     losses: dict[str, float | None] = {}
     if not error:
@@ -266,8 +225,7 @@ def run_grad_parity(plan: GradParityPlan, backend_factory: Callable[[GradParityP
             cache.write_text(json.dumps(noise.to_dict(), default=json_default))
         th = ParityThresholds.from_noise(noise, factor=plan.factor, floor=plan.floor)
         parity = compare_grad_dumps(cand, ref, th)
-        if not keep_candidate_dump:
-            shutil.rmtree(Path(plan.arms[2].dump_dir), ignore_errors=True)
+        shutil.rmtree(Path(plan.arms[2].dump_dir), ignore_errors=True)
     o = GradParityOutcome(plan=plan, result=parity.result if parity is not None else "error", parity=parity,
                           noise=noise, thresholds=th, error=error, arm_seconds=secs, losses=losses,
                           reused=tuple(reused), date=_dt.date.today().isoformat(), seconds=time.monotonic() - t0)
