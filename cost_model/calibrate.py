@@ -25,12 +25,6 @@ from cost_model.validate import Run, RunBatch, measure_release_gain
 from specs import HARNESS_RUN_OPTIONS
 from specs.errors import TunerError
 
-__all__ = [
-    "FIT_BOUNDS", "FitResult", "fit_calibration", "kfold_by_model", "SEED_WEIGHT",
-    "TRIAL_FIT_BOUNDS", "TRIAL_STEP_NAMES", "MEMORY_FIT_BOUNDS", "Observation", "ObservationFit", "fit_observations",
-    "predict_observations",
-]
-
 #: Constants fitted, with their bounds (same units as :class:`Calibration`).
 FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_efficiency": (0.3, 0.95),

@@ -17,8 +17,6 @@ from typing import Any
 from specs._data import load_user_yaml
 from specs.errors import TunerError
 
-__all__ = ["Calibration", "BASE_CALIBRATION", "DEFAULT_CALIBRATION", "SHIPPED_CALIBRATION_FILE", "load_calibration"]
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Calibration:

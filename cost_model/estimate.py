@@ -52,8 +52,6 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout, LayoutTable
 from specs.units import DEFAULT_MEMORY_HEADROOM
 
-__all__ = ["EstimateTable", "estimate", "estimate_details", "estimate_table", "MEMORY_PARTS", "TIME_PARTS"]
-
 MEMORY_PARTS = (
     "weights",
     "main_grads",

@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from cost_model.calibration import Calibration
     from specs import GPUSpec
 
-__all__ = ["Gap", "gaps", "known_gaps"]
-
 
 @dataclass(frozen=True, slots=True)
 class Gap:

@@ -10,8 +10,6 @@ from specs import ModelSpec
 
 _Rate = TypeVar("_Rate", float, np.ndarray)
 
-__all__ = ["megatron_flops_per_token", "mfu", "usd_per_million_tokens"]
-
 
 def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
     """Model FLOPs per token of one training step (forward + backward) as Megatron counts them, ``total FLOPs /

@@ -24,12 +24,6 @@ from functools import lru_cache
 
 from specs.errors import TunerError
 
-__all__ = [
-    "FULL_SIMULATION_MICROBATCHES", "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan",
-    "schedule_table", "simulate_pipeline",
-    "warmup_microbatches",
-]
-
 
 class Pass(str, Enum):
     """Forward or backward pass of one chunk of one micro-batch."""

@@ -45,9 +45,6 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.files import parse_errors, read_user_text
 from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout
 
-__all__ = ["REQUIRED_COLUMNS", "RELEASE_REGRESSION_RATIO", "Run", "RowProblem", "read_runs", "model_alias",
-           "mark_release_regressions"]
-
 #: Columns a run table must have (any order; more columns are ignored).
 REQUIRED_COLUMNS = ("model", "gpu_type", "num_gpus", "tp", "pp", "gbs", "seq_len", "precision")
 #: Columns read when present (blank cells take the defaults in the module docstring).

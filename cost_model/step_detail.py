@@ -29,22 +29,6 @@ from search_spaces.pipeline import stage_layer_counts
 from specs import ModelSpec
 from specs.layout import Layout
 
-__all__ = [
-    "CHUNK_PARTS",
-    "HIDDEN_PARTS",
-    "TAIL_PARTS",
-    "ChunkTimes",
-    "StepDetails",
-    "chunk_context",
-    "chunk_layers",
-    "chunk_times",
-    "forward_parts",
-    "no_overlap",
-    "pipeline_time",
-    "rank_class_of",
-    "simulated_schedule",
-]
-
 #: The parts of a chunk's time (the estimate's per-micro-batch parts), in the order the timeline draws them.
 CHUNK_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm")
 #: Communication parts an overlap flag can hide behind compute.

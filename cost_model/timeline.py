@@ -22,19 +22,6 @@ from cost_model.pipeline_schedule import Pass
 from cost_model.step_detail import CHUNK_PARTS, HIDDEN_PARTS, TAIL_PARTS, StepDetails
 from specs.units import GIB
 
-__all__ = [
-    "HIDDEN_TID",
-    "P2P_TID",
-    "PARTS_TID",
-    "PART_NAMES",
-    "TAIL_NAMES",
-    "check_trace",
-    "step_trace",
-    "trace_bubble_fraction",
-    "trace_lanes",
-    "trace_step_seconds",
-]
-
 #: Microseconds per second (the trace's unit).
 US = 1e6
 

@@ -8,8 +8,6 @@ from typing import Any
 from specs.layout import Layout
 from specs.units import GIB
 
-__all__ = ["Estimate"]
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Estimate:

@@ -22,12 +22,6 @@ import yaml
 from specs import GPUSpec, ModelSpec, Precision
 from specs.errors import TunerError
 
-__all__ = [
-    "BETWEEN_LAYOUTS_SIGMA", "ERROR_BARS_FILE", "Band", "ErrorBars", "chance_to_fit", "error_bars", "family_of",
-    "load_error_bars", "memory_headroom",
-    "ratio_within_error",
-]
-
 ERROR_BARS_FILE = Path(__file__).resolve().parent / "data" / "error_bars.yaml"
 
 #: z of the two-sided 90% interval of a normal distribution: converts an interval on log scale to its sigma.

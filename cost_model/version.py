@@ -11,8 +11,6 @@ import functools
 import hashlib
 from pathlib import Path
 
-__all__ = ["FORMULA_FILES", "formula_digest"]
-
 _HERE = Path(__file__).resolve().parent
 
 #: The source files whose code turns a layout into a prediction (paths relative to the package).

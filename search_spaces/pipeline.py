@@ -13,16 +13,6 @@ from functools import lru_cache
 
 from specs.errors import InfeasibleLayout
 
-__all__ = [
-    "SPLIT_RULE_ID",
-    "LAYOUT_RULE_ID",
-    "LAYER_SYMBOLS",
-    "stage_layer_counts",
-    "emit_layout_string",
-    "parse_layout_string",
-    "layer_counts_from_string",
-]
-
 #: Rule id of :class:`InfeasibleLayout` raised for an impossible split.
 SPLIT_RULE_ID = "pipeline_split"
 #: Rule id of :class:`InfeasibleLayout` raised for a malformed or invalid layout string.

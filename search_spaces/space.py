@@ -40,15 +40,6 @@ from specs.layout import (
     RecomputeMethod,
 )
 
-__all__ = [
-    "RecomputeOption",
-    "PipelineSplitSpace",
-    "SearchSpace",
-    "Enumeration",
-    "enumerate_layouts",
-    "DEFAULT_SPACE_FILE",
-]
-
 
 def _show(value: Any) -> str:
     """A value for a message, cut short (``reprlib``: a few items per level, a few levels, 80 characters of a string),

@@ -13,8 +13,6 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["Col", "err", "fitted_table", "out", "say"]
-
 # The terminal's width, or COLUMNS when the output is piped (80 when that is not set), as rich does by default.
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

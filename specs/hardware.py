@@ -19,16 +19,6 @@ from specs.errors import TunerError
 from specs.network import Network, list_networks, load_network
 from specs.precision import Precision
 
-__all__ = [
-    "Cluster",
-    "DEFAULT_INTER_NODE_BYTES_PER_S",
-    "DEFAULT_USD_PER_GPU_HOUR",
-    "GPUSpec",
-    "list_gpus",
-    "load_gpu",
-    "parse_gpus",
-]
-
 #: Per-node network bandwidth of the seed's cluster: AWS p5en.48xlarge, 3.2 Tb/s EFA
 #: per node (seeds/001 ``stack.network``) = 400e9 bytes/s.
 DEFAULT_INTER_NODE_BYTES_PER_S = 3.2e12 / 8

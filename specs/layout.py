@@ -17,19 +17,6 @@ import numpy.typing as npt
 
 from specs.errors import TunerError
 
-__all__ = [
-    "RecomputeGranularity",
-    "RecomputeMethod",
-    "Dispatcher",
-    "RECOMPUTE_MODULES",
-    "OPTIMIZER_STATE_DTYPES",
-    "Layout",
-    "LayoutTable",
-    "CODED_COLUMNS",
-    "categories",
-    "enum_mask",
-]
-
 
 class RecomputeGranularity(str, Enum):
     """``--recompute-granularity``; ``none`` means the flag is not given."""

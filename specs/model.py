@@ -18,8 +18,6 @@ from specs._data import MODEL_DIR, data_files
 from specs.errors import TunerError
 from specs.files import load_user_json
 
-__all__ = ["ModelSpec", "list_models", "load_model", "model_from_hf_config"]
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:

@@ -18,9 +18,6 @@ from specs._data import NETWORKS_FILE, data_file
 from specs.errors import TunerError
 from specs.layout import Dispatcher
 
-__all__ = ["COUNTED", "DispatcherOnFabric", "Network", "RUNS", "intra_domain_efficiency", "list_networks",
-           "load_network"]
-
 #: Values of a dispatcher's ``runs`` on a fabric.
 RUNS = ("true", "false", "unknown")
 

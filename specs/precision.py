@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["TORCH_DTYPES", "Precision"]
-
 #: Megatron-LM's dtype names (``--exp-avg-dtype``, ``--main-grads-dtype``, ...) as ``torch`` names them: the
 #: ``torch.<name>`` targets of a saved Megatron-Bridge config, and Bridge's ``str_to_dtype`` keys.
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "uint8": "uint8", "fp8": "float8_e4m3fn"}

@@ -19,11 +19,6 @@ from specs._data import data_files, read_user_yaml
 from specs.errors import TunerError
 from specs.workload import CROSS_ENTROPY_IMPLS, CUDA_GRAPH_IMPLS, CUDA_GRAPH_SCOPES, FP8_RECIPES, OPTIMIZERS, RunOptions
 
-__all__ = [
-    "CUDA_GRAPH_IMPLS", "DEFAULT_STACK", "STACK_ALIASES", "RUN_FLAG_NAMES", "RunFlags", "StackPreset", "StackRun",
-    "list_stacks", "load_stack", "resolve_run_options", "run_option_args",
-]
-
 STACK_DIR = "data/stacks"
 #: The stack every command assumes unless ``--stack`` says otherwise: the seed's.
 DEFAULT_STACK = "slime"

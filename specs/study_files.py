@@ -11,9 +11,6 @@ from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["RECORD_ERRORS", "STUDY_OUTPUT_FILES", "STUDY_OWN_FILES", "check_output_path", "is_study_folder",
-           "read_study_record"]
-
 #: The files a study's folder keeps for itself (``results/<study>/``): an output written over one loses the study.
 #: SQLite's own side files of ``study.db`` (``study.db-wal``, ``-shm``, ``-journal``) count too (:func:`_own_name`).
 STUDY_OWN_FILES = ("study.db", "config.yaml", ".tune.lock")

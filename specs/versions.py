@@ -10,8 +10,6 @@ import re
 
 from specs.errors import TunerError
 
-__all__ = ["KNOWN_MEGATRON_CORE", "NEWEST_MEGATRON_CORE", "megatron_core_version"]
-
 #: Releases whose layout rules were read (NVIDIA/Megatron-LM tags core_v0.13.0 .. core_v0.19.0;
 #: docs/megatron_versions.md).
 KNOWN_MEGATRON_CORE: tuple[str, ...] = ("0.13", "0.14", "0.15", "0.16", "0.17", "0.18", "0.19")

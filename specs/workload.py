@@ -10,20 +10,6 @@ from specs.errors import TunerError
 from specs.precision import Precision
 from specs.versions import NEWEST_MEGATRON_CORE, megatron_core_version
 
-__all__ = [
-    "CROSS_ENTROPY_IMPLS",
-    "LORA_TARGET_MODULES",
-    "TASKS",
-    "CUDA_GRAPH_MOE_SCOPES",
-    "DEFAULT_RUN_OPTIONS",
-    "FP8_RECIPES",
-    "HARNESS_RUN_OPTIONS",
-    "HARNESS_TE_RUN_OPTIONS",
-    "OPTIMIZERS",
-    "RunOptions",
-    "Workload",
-]
-
 #: ``--fp8-recipe`` values of the per-tensor ``fp8`` precision (Megatron-core ``TransformerConfig.fp8_recipe``;
 #: ``blockwise`` and ``mxfp8`` are their own :class:`Precision` members).
 FP8_RECIPES = ("delayed", "tensorwise")

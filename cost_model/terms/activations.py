@@ -14,32 +14,6 @@ import numpy as np
 from cost_model.terms.context import Array, TableContext, col
 from specs.units import BF16_BYTES, FP32_BYTES
 
-__all__ = [
-    "attention_bytes",
-    "core_attention_bytes",
-    "dense_block_bytes",
-    "dense_mlp_bytes",
-    "expert_activation_fn_bytes",
-    "expert_activation_internals",
-    "expert_bytes",
-    "input_norm_separate",
-    "kept_bytes",
-    "layer_input_bytes",
-    "moe_block_bytes",
-    "norm_bytes",
-    "pre_mlp_norm_separate",
-    "qk_norm_bytes",
-    "rank_activation_bytes",
-    "recomputed_fraction",
-    "router_bytes",
-    "routed_token_copies",
-    "saved_attention_bytes",
-    "saved_dense_bytes",
-    "saved_moe_bytes",
-    "shared_expert_bytes",
-    "stored_layer_bytes",
-]
-
 #: Hidden-size bf16 tensors the attention block keeps besides Q, K, V and its output **without** Transformer Engine
 #: (megatron-core's local spec), in units of h per token: the norm's input, its output and one more (Korthikanti's
 #: inventory has two; three predicted the no-TE H200 trials within 4.6%, docs/measurements.md).

@@ -17,34 +17,6 @@ from cost_model.terms.context import Array, BoolArray, TableContext, col
 from specs import ModelSpec
 from specs.units import BF16_BYTES, FP32_BYTES
 
-__all__ = [
-    "cp_all_to_all_time",
-    "cp_comm_time",
-    "cp_ring_time",
-    "collective_bandwidth",
-    "distinct_groups_hit",
-    "holders_hit",
-    "dp_bytes_per_param",
-    "dp_comm_time",
-    "ep_all_to_all_time",
-    "ep_forward_time",
-    "ep_layer_time",
-    "ep_local_peers",
-    "ep_remote_fraction",
-    "ep_send_bytes",
-    "flex_dispatch_time",
-    "fp8_quantize_cost",
-    "moe_fixed_cost_backward",
-    "moe_fixed_cost_forward",
-    "ring_bandwidth",
-    "ring_time",
-    "span_crosses_node",
-    "tp_attention_comm",
-    "tp_collective_time",
-    "tp_dense_mlp_comm",
-    "tp_moe_comm",
-]
-
 #: Sequence-parallel collectives around each TP-split block (attention, dense MLP, shared experts)
 #: per micro-batch: an all-gather before and a reduce-scatter after it in forward, and the two
 #: conjugates in backward (Korthikanti et al. 2022 §4.2.2, the g / g-bar operators).

@@ -15,37 +15,6 @@ from cost_model.calibration import Calibration
 from cost_model.terms import lora
 from cost_model.terms.context import Array, TableContext, col
 
-__all__ = [
-    "attention_compute_time",
-    "attention_elementwise_time",
-    "attention_linear_flops",
-    "attention_linear_time",
-    "attention_forward_time",
-    "attention_head_dim_factor",
-    "head_dim_factor",
-    "core_attention_flops",
-    "core_attention_time",
-    "core_attention_work",
-    "dense_compute_time",
-    "dense_mlp_flops",
-    "dense_mlp_time",
-    "expert_flops",
-    "expert_time",
-    "gemm_efficiency",
-    "grouped_gemm_efficiency",
-    "logits_flops",
-    "logits_time",
-    "loss_time",
-    "moe_compute_time",
-    "mla_up_projection_time",
-    "mla_unfused_rope_time",
-    "moe_elementwise_time",
-    "router_flops",
-    "router_time",
-    "shared_expert_flops",
-    "shared_expert_time",
-]
-
 #: FLOPs per multiply-accumulate.
 FLOPS_PER_MAC = 2.0
 

@@ -22,8 +22,6 @@ from specs.layout import RECOMPUTE_MODULES, Dispatcher, LayoutTable, RecomputeGr
 from specs.network import intra_domain_efficiency
 from specs.units import BF16_BYTES, FP32_BYTES
 
-__all__ = ["Array", "BoolArray", "ModelDims", "TableContext", "build_context", "col"]
-
 Array = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 

@@ -18,9 +18,6 @@ from cost_model.terms.context import Array, TableContext, col
 from specs.errors import TunerError
 from specs.units import BF16_BYTES
 
-__all__ = ["ADAPTER_INPUT_PASSES", "ADAPTER_OUTPUT_PASSES", "adapter_params", "adapter_time", "adapter_weight_bytes",
-           "check_targets", "gemm_passes", "trainable_params"]
-
 #: bf16 passes over HBM of an adapted layer's input, per token, forward + backward, of Megatron-Bridge's unfused
 #: ``LoRALinear`` (``peft/lora_layers.py`` and ``ParallelLinearAdapter.forward`` in ``peft/utils.py`` at 067f987d,
 #: ``dropout`` 0): ``linear_in`` reads the input (forward), its weight gradient reads it again and its input gradient

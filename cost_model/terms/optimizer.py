@@ -14,16 +14,6 @@ from cost_model.terms import state
 from cost_model.terms.context import Array, TableContext
 from specs.units import BF16_BYTES, FP32_BYTES
 
-__all__ = [
-    "cpu_adam_time",
-    "host_bytes_per_node",
-    "host_offload_bytes_per_param",
-    "offload_copy_time",
-    "offload_time",
-    "offloaded_params",
-    "optimizer_step_time",
-]
-
 #: PCIe bytes per offloaded parameter per step: the fp32 gradient down, the bf16 parameter back.
 OFFLOAD_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
 

@@ -11,15 +11,6 @@ import numpy as np
 
 from cost_model.terms.context import Array, TableContext, col
 
-__all__ = [
-    "decoder_layer_params",
-    "dense_params",
-    "embedding_params",
-    "expert_params",
-    "mtp_params",
-    "output_layer_params",
-]
-
 #: Weights of MTP's ``eh_proj`` per MTP layer, in units of h^2: it maps the concatenated
 #: [embedding; hidden] (2h) to h (megatron/core/transformer/multi_token_prediction.py).
 MTP_PROJECTION_H2 = 2.0

@@ -16,8 +16,6 @@ from search_spaces.pipeline import stage_layer_counts
 from specs import ModelSpec
 from specs.layout import LayoutTable
 
-__all__ = ["RankArrays", "rank_arrays", "rank_classes"]
-
 Array = npt.NDArray[np.float64]
 
 

@@ -15,18 +15,6 @@ import numpy as np
 from cost_model.terms import compute
 from cost_model.terms.context import Array, TableContext
 
-__all__ = [
-    "attention_forward_time",
-    "dense_forward_time",
-    "full_recompute_share",
-    "moe_forward_time",
-    "recompute_dense_time",
-    "recompute_moe_time",
-    "selective_attention_time",
-    "selective_dense_time",
-    "selective_moe_time",
-]
-
 #: The forward's share of a block's TP collectives (all-gather + reduce-scatter of the four).
 FORWARD_TP_SHARE = 0.5
 

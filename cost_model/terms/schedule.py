@@ -13,19 +13,6 @@ from cost_model.terms import comm
 from cost_model.terms.context import Array, TableContext, col
 from specs.units import BF16_BYTES
 
-__all__ = [
-    "bubble_time",
-    "busy_time",
-    "fill_drain_microbatches",
-    "inflight_1f1b",
-    "inflight_interleaved",
-    "inflight_microbatches",
-    "mean_rank_time",
-    "pp_p2p_bytes",
-    "pp_p2p_time",
-    "slowest_rank_time",
-]
-
 #: Guard against 0 / 0 when a row's mean time per micro-batch is 0 (seconds).
 _TINY_SECONDS = 1e-30
 

@@ -13,17 +13,6 @@ import numpy as np
 from cost_model.terms.context import Array, TableContext, col
 from specs.units import BF16_BYTES, FP32_BYTES
 
-__all__ = [
-    "main_grad_bytes",
-    "main_grad_bytes_per_param",
-    "optimizer_bytes_per_param",
-    "optimizer_shards",
-    "offload_build_bytes",
-    "optimizer_state_bytes",
-    "owned_params",
-    "weight_bytes",
-]
-
 #: Master-weight bytes with the precision-aware optimizer and bf16 params: TE FusedAdam keeps
 #: only the 16 remainder bits of the fp32 master (``store_param_remainders``, default True in
 #: megatron/core/optimizer/optimizer_config.py); without it the fp32 master takes 4.
