@@ -1,18 +1,13 @@
-"""The run table ``tune validate`` and ``tune calibrate`` read: a CSV of measured runs, each row a :class:`Run`.
-
-A run table has the columns of ``benchmarks/data/published_runs.csv`` (346 measured NVIDIA runs with their layouts).
-Each row becomes a :class:`Run`: the model preset, the cluster, the workload, the :class:`~specs.layout.Layout` and the
-:class:`~specs.RunOptions` (routing, overlaps, CUDA graphs, FSDP) read from the row, and the published tokens/s/GPU or
-model TFLOP/s/GPU. Rows the model cannot represent keep the reason (:attr:`Run.unrepresentable`); rows with bad cells
-are reported as :class:`RowProblem` naming the row and column. Nothing is dropped silently.
+"""The run table ``tune validate`` and ``tune calibrate`` read: a CSV of measured runs (the columns of
+``benchmarks/data/published_runs.csv``), each row a :class:`Run` or a :class:`RowProblem` naming its bad cell; rows the
+model cannot represent keep the reason (:attr:`Run.unrepresentable`).
 
 Conventions for published rows (``shared/data/published_runs.md``): MoE benchmarks force-balance the routing and are
 dropless, except the 25.09 ``tokendrop`` rows; Megatron-Bridge and NeMo recipes overlap DP and TP communication; a blank
-recompute cell is none, a blank dispatcher alltoall, a blank or ``1*`` ETP 1; the setting columns
-(:data:`SETTING_COLUMNS`) hold what each row's recipe set (``benchmarks/data/published_runs_fixes.md``), else
-``key=value`` in ``other_notes``, else fp32 main gradients, native cross-entropy, Adam and the fp8 recipe its precision
-cell names; two runs of one configuration :data:`RELEASE_REGRESSION_RATIO` (1.3x) apart are a release's regression:
-the slower is left out (:func:`mark_release_regressions`).
+recompute cell is none, a blank dispatcher alltoall, a blank or ``1*`` ETP 1; the setting columns (Megatron's argument
+names) hold what each row's recipe set (``benchmarks/data/published_runs_fixes.md``), else ``key=value`` in
+``other_notes``, else fp32 main gradients, native cross-entropy, Adam and the fp8 recipe its precision cell names; two
+runs of one configuration :data:`RELEASE_REGRESSION_RATIO` apart are a release's regression: the slower is left out.
 """
 
 from __future__ import annotations
@@ -47,21 +42,6 @@ from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout
 
 #: Columns a run table must have (any order; more columns are ignored).
 REQUIRED_COLUMNS = ("model", "gpu_type", "num_gpus", "tp", "pp", "gbs", "seq_len", "precision")
-#: Columns read when present (blank cells take the defaults in the module docstring).
-OPTIONAL_COLUMNS = (
-    "id", "vpp", "cp", "ep", "etp", "mbs", "recompute", "dispatcher", "other_notes", "task",
-    "framework_version", "confidence", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "implied_gflop_per_token",
-    *("use_megatron_fsdp", "cpu_offloading_num_layers", "use_precision_aware_optimizer", "exp_avg_dtype",
-      "exp_avg_sq_dtype",
-      "grad_reduce_in_fp32", "fp8_recipe", "fp8_param_gather", "fp4_param_gather", "cross_entropy_loss_fusion",
-      "cross_entropy_fusion_impl", "te_version", "recompute_granularity", "recompute_method", "recompute_num_layers",
-      "recompute_modules", "overlap_moe_expert_parallel_comm", "cuda_graph_impl", "cuda_graph_scope", "optimizer",
-      "optimizer_fp8_recipe"),
-)
-#: The setting columns (Megatron's names) that ``benchmarks/tools/apply_published_fixes.py`` writes from each row's
-#: recipe (``benchmarks/data/published_runs_fixes.md``); a non-blank cell wins over a ``key=value`` in
-#: ``other_notes``, which wins over the defaults of the module docstring.
-SETTING_COLUMNS = OPTIONAL_COLUMNS[15:]
 
 #: Model names used in the published tables -> bundled presets (keys normalised by :func:`_norm`).
 #: Llama 3 and Llama 3.1 share the architecture at 8K tokens (only RoPE scaling differs).
@@ -117,15 +97,11 @@ def _model_for(name: str, base: Path | None = None) -> tuple[ModelSpec | None, s
     if m:
         heads, hidden, layers, vocab = (int(x) for x in m.groups())
         # Megatron-LM README weak-scaling table: standard GPT (MHA, 4h GeLU MLP, tied embeddings).
-        return (
-            ModelSpec(
-                name=name.split(" ")[0], num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                num_query_groups=heads, kv_channels=hidden // heads, ffn_hidden_size=4 * hidden, vocab_size=vocab,
-                gated_linear_unit=False, untie_embeddings_and_output_weights=False, moe_layer_freq=(0,) * layers,
-                source="Megatron-LM README weak-scaling table (standard GPT: MHA, 4h GeLU MLP)",
-            ),
-            "",
-        )
+        return ModelSpec(
+            name=name.split(" ")[0], num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+            num_query_groups=heads, kv_channels=hidden // heads, ffn_hidden_size=4 * hidden, vocab_size=vocab,
+            gated_linear_unit=False, untie_embeddings_and_output_weights=False, moe_layer_freq=(0,) * layers,
+            source="Megatron-LM README weak-scaling table (standard GPT: MHA, 4h GeLU MLP)"), ""
     low = _norm(name) + " " + name.lower()
     for frag, why in _UNREPRESENTABLE_MODELS:
         if frag in low:
@@ -134,8 +110,7 @@ def _model_for(name: str, base: Path | None = None) -> tuple[ModelSpec | None, s
 
 
 def _first_named(text: str, table: Sequence[tuple[str, Any]]) -> Any:
-    """The value of the first ``(word, value)`` of ``table`` whose word is in ``text`` (lower-cased); None if none
-    is."""
+    """The value of the first ``(word, value)`` of ``table`` whose word is in ``text`` (lower-cased), or None."""
     t = text.lower()
     return next((v for word, v in table if word in t), None)
 
@@ -147,10 +122,6 @@ _PRECISION_WORDS = (("fp4", Precision.nvfp4), ("mx", Precision.mxfp8), ("block",
 #: first, the longest first ("alltoall (flex backend unset)" is alltoall; "hybridep" is not "deepep").
 _DISPATCHER_WORDS = tuple(sorted(((w, d) for d in Dispatcher for w in d.traits.published_words),
                                  key=lambda x: (not x[1].is_flex, -len(x[0]))))
-
-
-def _precision(text: str) -> Precision | None:
-    return cast("Precision | None", _first_named(text, _PRECISION_WORDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,21 +180,12 @@ class Run:
         return self.layout.key() + f"|opts={self.options}" if self.layout is not None else ""
 
 
-def _cell(r: dict[str, str], row: int, rid: str, problems: list[RowProblem], column: str, integer: bool = True,
-          default: float | None = None) -> float | None:
-    """:func:`_num` of column ``column`` of row ``r``."""
-    return _num(r.get(column, ""), column, row, rid, problems, integer=integer, default=default)
-
-
-def _flag(notes: dict[str, str], key: str, default: bool) -> bool:
-    """A boolean setting of a row's notes: true, 1 or yes (quotes ignored); ``default`` when absent."""
-    v = notes.get(key)
-    return default if v is None else v.strip("'\"").lower() in ("true", "1", "yes")
-
-
-def _num(raw: str, column: str, row: int, rid: str, problems: list[RowProblem], *, integer: bool,
-         default: float | None) -> float | None:
-    t = (raw or "").strip().replace(",", "")
+def _num(r: dict[str, str], row: int, rid: str, problems: list[RowProblem], column: str, integer: bool = True,
+         default: float | None = None) -> float | None:
+    """The number in column ``column`` of row ``r`` (``default`` when blank); None with a problem added when it is
+    not a non-negative number (an integer when ``integer``)."""
+    raw = r.get(column, "")
+    t = raw.strip().replace(",", "")
     t = re.sub(r"\s*\(derived\)$", "", t)
     if t.endswith("*"):
         t = t[:-1]
@@ -246,8 +208,7 @@ _KV_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(\[[^\]]*\]|[^;|,\s]+)")
 
 
 def _setting(r: dict[str, str], notes: dict[str, str], key: str, default: str) -> str:
-    """A run setting: the row's explicit column ``key`` (:data:`SETTING_COLUMNS`) when not blank, else the
-    ``key=value`` of its notes, else ``default``."""
+    """The row's column ``key`` when not blank, else the ``key=value`` of its notes, else ``default``."""
     v = (r.get(key) or "").strip()
     if v:
         return v
@@ -328,7 +289,8 @@ def _setting_flag(r: dict[str, str], notes: dict[str, str], key: str, default: b
         if v not in ("true", "1", "yes", "false", "0", "no"):
             raise ValueError(f"{key} {r.get(key, '')[:40]!r}: expected true or false")
         return v in ("true", "1", "yes")
-    return _flag(notes, key, default)
+    n = notes.get(key)  # a note: true, 1 or yes (quotes ignored)
+    return default if n is None else n.strip("'\"").lower() in ("true", "1", "yes")
 
 
 def _optional(v: str) -> str | None:
@@ -366,7 +328,6 @@ def _list(v: str) -> tuple[str, ...]:
 
 
 def _recompute(cell: str, notes: dict[str, str]) -> dict[str, Any]:
-
     text = (cell or "").strip().lower()
     mods = _list(notes["recompute_modules"]) if "recompute_modules" in notes else ()
     if "recompute_num_layers" in notes or text.startswith("recompute_num_layers") or text.startswith("full"):
@@ -387,7 +348,6 @@ def _pipeline_split(model: ModelSpec, pp: int, vpp: int) -> tuple[int, int] | No
     Published runs with an uneven model (DeepSeek-V3's 61 layers) use a
     ``--pipeline-model-parallel-layout``; the closest first/last split stands for it.
     """
-
     L = model.num_layers
     best: tuple[float, int, int] | None = None
     per = L / pp
@@ -404,7 +364,6 @@ def _pipeline_split(model: ModelSpec, pp: int, vpp: int) -> tuple[int, int] | No
         if best is not None and best[0] == 0:
             break
     return None if best is None else (best[1], best[2])
-
 
 
 def read_runs(paths: str | Path | Sequence[str | Path]) -> tuple[list[Run], list[RowProblem]]:
@@ -484,7 +443,7 @@ class _Cells:
 def _row_cells(r: dict[str, str], i: int, rid: str, here: list[RowProblem], p: Path, seen_ids: dict[str, str],
                gpu_names: dict[str, str]) -> _Cells:
     """Read a row's cells, adding a :class:`RowProblem` to ``here`` for each one that cannot be read."""
-    num = functools.partial(_cell, r, i, rid, here)
+    num = functools.partial(_num, r, i, rid, here)
     ngpu, tp, pp, gbs, seq = num("num_gpus"), num("tp"), num("pp"), num("gbs"), num("seq_len")
     for c, v in (("num_gpus", ngpu), ("tp", tp), ("pp", pp), ("gbs", gbs), ("seq_len", seq)):
         if v is not None and v < 1:
@@ -495,10 +454,6 @@ def _row_cells(r: dict[str, str], i: int, rid: str, here: list[RowProblem], p: P
     cp, ep, etp, mbs = num("cp", default=1.0), num("ep", default=1.0), num("etp", default=1.0), num("mbs", default=1.0)
     tok = num("tokens_per_s_per_gpu", integer=False)
     tfl = num("model_tflops_per_gpu", integer=False)
-    for c, v, top in (("tokens_per_s_per_gpu", tok, MAX_TOKENS_PER_S_PER_GPU),
-                      ("model_tflops_per_gpu", tfl, MAX_TFLOPS_PER_GPU)):
-        if v is not None and v > top:
-            here.append(RowProblem(i, rid, c, f"{r.get(c)!r} is more than {top:,.0f}: not a measurement of one GPU"))
     if r.get("id", "").strip():  # an explicit id (a blank one is the row's number, which repeats across files)
         if rid in seen_ids:
             here.append(RowProblem(i, rid, "id", f"id {rid!r} is already the id of row {seen_ids[rid]}; ids name rows "
@@ -508,7 +463,7 @@ def _row_cells(r: dict[str, str], i: int, rid: str, here: list[RowProblem], p: P
     gname = r.get("gpu_type", "").strip()
     if gname.lower() not in gpu_names:
         here.append(RowProblem(i, rid, "gpu_type", f"unknown GPU type {gname!r}; known: {', '.join(list_gpus())}"))
-    prec = _precision(r.get("precision", ""))
+    prec = cast("Precision | None", _first_named(r.get("precision", ""), _PRECISION_WORDS))
     if prec is None:
         here.append(RowProblem(i, rid, "precision",
                                f"{r.get('precision')!r}: expected BF16, FP8 (per-tensor / CS), FP8 blockwise, MXFP8 or "
@@ -725,12 +680,6 @@ def _read_layout(run: Run, r: dict[str, str], notes: dict[str, str], model: Mode
     if model.is_moe and model.num_experts % run.layout.ep:
         run.unrepresentable = f"ep {run.layout.ep} does not divide {model.num_experts} experts"
 
-
-#: Upper bounds of a published figure per GPU: a tokens/s/GPU above 10 M (the fastest published row is 45,275) or a
-#: model TFLOP/s/GPU above 100,000 (GB300's dense fp4 peak is 15,000) is a typo, and would outrank the real runs it
-#: repeats (:func:`mark_release_regressions`).
-MAX_TOKENS_PER_S_PER_GPU = 1e7
-MAX_TFLOPS_PER_GPU = 1e5
 
 #: Two published runs of one configuration (model, GPUs, sequence, batch, precision, layout and every recipe setting
 #: the model reads) further apart than this are not two measurements of a layout: the slower is a regression of its
