@@ -237,24 +237,7 @@ class SearchSpace:
     @staticmethod
     def keys() -> tuple[str, ...]:
         """The accepted top-level YAML keys."""
-        return (
-            "tp",
-            "pp",
-            "vpp",
-            "cp",
-            "ep",
-            "etp",
-            "micro_batch_size",
-            "recompute",
-            "optimizer_offload_fraction",
-            "overlap_cpu_optimizer_d2h_h2d",
-            "dispatcher",
-            "pipeline_split",
-            "exp_avg_dtype",
-            "exp_avg_sq_dtype",
-            "use_precision_aware_optimizer",
-            "use_distributed_optimizer",
-        )
+        return tuple(f.name for f in dataclasses.fields(SearchSpace))
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> SearchSpace:
@@ -321,55 +304,30 @@ class SearchSpace:
                 f"{where('pipeline_split')}: even is false and max_stage_deficit is 0, so no split is left"
             )
 
-        return cls(
-            tp=_ints(d["tp"], where("tp")),
-            pp=_ints(d["pp"], where("pp")),
-            vpp=_ints(d["vpp"], where("vpp")),
-            cp=_ints(d["cp"], where("cp")),
-            ep=_ints(d["ep"], where("ep")),
-            etp=_ints(d["etp"], where("etp")),
-            micro_batch_size=_ints(d["micro_batch_size"], where("micro_batch_size")),
-            recompute=_unique(rec),
-            optimizer_offload_fraction=_fractions(d["optimizer_offload_fraction"], where("optimizer_offload_fraction")),
-            overlap_cpu_optimizer_d2h_h2d=_bools(
-                d["overlap_cpu_optimizer_d2h_h2d"], where("overlap_cpu_optimizer_d2h_h2d")
-            ),
-            dispatcher=tuple(
-                Dispatcher(v) for v in _choices(d["dispatcher"], where("dispatcher"), [x.value for x in Dispatcher])
-            ),
-            pipeline_split=PipelineSplitSpace(even=even, max_stage_deficit=deficit),
-            exp_avg_dtype=_choices(d["exp_avg_dtype"], where("exp_avg_dtype"), _DTYPES),
-            exp_avg_sq_dtype=_choices(d["exp_avg_sq_dtype"], where("exp_avg_sq_dtype"), _DTYPES),
-            use_precision_aware_optimizer=_bools(
-                d["use_precision_aware_optimizer"], where("use_precision_aware_optimizer")
-            ),
-            use_distributed_optimizer=_bools(d["use_distributed_optimizer"], where("use_distributed_optimizer")),
-        )
+        values = {k: read(d[k], where(k)) for k, read in _READERS.items()}
+        return cls(recompute=_unique(rec), pipeline_split=PipelineSplitSpace(even=even, max_stage_deficit=deficit),
+                   **values)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved space as plain YAML/JSON data; ``from_dict(to_dict())`` gives it back."""
-        return {
-            "tp": list(self.tp),
-            "pp": list(self.pp),
-            "vpp": list(self.vpp),
-            "cp": list(self.cp),
-            "ep": list(self.ep),
-            "etp": list(self.etp),
-            "micro_batch_size": list(self.micro_batch_size),
-            "recompute": [r.to_dict() for r in self.recompute],
-            "optimizer_offload_fraction": list(self.optimizer_offload_fraction),
-            "overlap_cpu_optimizer_d2h_h2d": list(self.overlap_cpu_optimizer_d2h_h2d),
-            "dispatcher": [d.value for d in self.dispatcher],
-            "pipeline_split": self.pipeline_split.to_dict(),
-            "exp_avg_dtype": list(self.exp_avg_dtype),
-            "exp_avg_sq_dtype": list(self.exp_avg_sq_dtype),
-            "use_precision_aware_optimizer": list(self.use_precision_aware_optimizer),
-            "use_distributed_optimizer": list(self.use_distributed_optimizer),
-        }
+        out = {k: getattr(self, k) for k in self.keys()}
+        return {**out, **{k: list(v) for k, v in out.items() if isinstance(v, tuple)},
+                "recompute": [r.to_dict() for r in self.recompute], "dispatcher": [d.value for d in self.dispatcher],
+                "pipeline_split": self.pipeline_split.to_dict()}
 
     def replace(self, **changes: Any) -> SearchSpace:
         """A copy with some dimensions changed (values as the dataclass holds them)."""
         return dataclasses.replace(self, **changes)
+
+
+#: How each dimension other than recompute and pipeline_split is read, in the order of :meth:`SearchSpace.keys`.
+_READERS: dict[str, Any] = {
+    **dict.fromkeys(("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size"), _ints),
+    "optimizer_offload_fraction": _fractions, "overlap_cpu_optimizer_d2h_h2d": _bools,
+    "dispatcher": lambda v, k: tuple(Dispatcher(x) for x in _choices(v, k, [d.value for d in Dispatcher])),
+    **dict.fromkeys(("exp_avg_dtype", "exp_avg_sq_dtype"), lambda v, k: _choices(v, k, _DTYPES)),
+    **dict.fromkeys(("use_precision_aware_optimizer", "use_distributed_optimizer"), _bools),
+}
 
 
 def _read_default() -> dict[str, Any]:
