@@ -1,8 +1,7 @@
 """The analytical model: memory and step time of a layout, FLOPs, MFU, $/token, calibration and validation.
 
 Builds on :mod:`specs` (model, GPU, cluster, workload, layout) and :mod:`search_spaces` (Megatron's rules and pipeline
-stage splits). Must not import Optuna, Ray, torch or megatron (shared/design/ARCHITECTURE.md).
-"""
+stage splits). Must not import Optuna, Ray, torch or megatron (shared/design/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 

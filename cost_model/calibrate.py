@@ -179,8 +179,7 @@ def kfold_by_model(
 
     Returns:
         ``{model: {"runs": [...], "predicted": array, "published": array, "fit": FitResult, "release_gain": float}}``
-        (``predicted`` is in the run's metric: tokens/s/GPU, else model TFLOP/s/GPU).
-    """
+        (``predicted`` is in the run's metric: tokens/s/GPU, else model TFLOP/s/GPU)."""
     usable = [r for r in runs if not r.unrepresentable and r.layout is not None]
     got = {r.model.name for r in usable}  # type: ignore[union-attr]
     names = sorted(n for n in got if models is None or n in models)

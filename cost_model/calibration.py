@@ -4,8 +4,7 @@ Every number the analytical model uses that is not a datasheet figure or an exac
 :class:`Calibration`, with its source in its docstring. A calibration file (YAML, ``{field: value}``) overrides them;
 ``tune calibrate`` fits them. The seed's tuned layout (seeds/001: 64 H200, MiniMax-M2, 2,034.42 tokens/s/GPU measured)
 set ``grouped_gemm_efficiency``, ``moe_load_imbalance`` and ``expert_gemm_overhead_s``: a calibration point, not an
-independent check.
-"""
+independent check."""
 
 from __future__ import annotations
 

@@ -43,8 +43,7 @@ def gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | None = N
     """Measured gaps of the estimate that apply to ``layout`` (and ``model`` and ``gpu`` when given), one line each
     (empty when none apply). ``calibration`` (default: the shipped one) is the one the estimate used.
 
-    What each gap measured, and where: ``docs/known_gaps.md`` (the section of each :attr:`Gap.id`).
-    """
+    What each gap measured, and where: ``docs/known_gaps.md`` (the section of each :attr:`Gap.id`)."""
     out: list[Gap] = []
     if gpu is not None and gpu.generation == "blackwell_ultra":
         from cost_model.calibration import DEFAULT_CALIBRATION

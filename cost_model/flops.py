@@ -66,8 +66,7 @@ def mfu(model: ModelSpec, tokens_per_s_per_gpu: _Rate, peak_flops_bf16: float, t
 
     ``N_active`` is :meth:`ModelSpec.active_params`; ``peak`` is the GPU's dense bf16 peak (FLOP/s), the datasheet's,
     not the fitted one; ``tokens_per_s_per_gpu`` a number or an array. At 2,034.42 tokens/s/GPU on H200 (989.4 TFLOP/s)
-    MiniMax-M2 gives 0.1285 (seeds/001 ``result.mfu``). Attention's s^2 term is not counted.
-    """
+    MiniMax-M2 gives 0.1285 (seeds/001 ``result.mfu``). Attention's s^2 term is not counted."""
     return (4.0 if task == "lora" else 6.0) * model.active_params() * tokens_per_s_per_gpu / peak_flops_bf16
 
 

@@ -92,8 +92,7 @@ def megatron_order(pp: int, rank: int, vpp: int, num_microbatches: int, group: i
         backward (1F1B), then the cool-down backwards.
 
     Raises TunerError: sizes < 1, a rank outside the pipeline, or an interleaved schedule with fewer micro-batches than
-    the pipeline size (Megatron refuses it too).
-    """
+    the pipeline size (Megatron refuses it too)."""
     g = _check_sizes(pp, rank, vpp, num_microbatches, group)
     return [PipelineOp(Pass.backward if b else Pass.forward, mb, c) for b, mb,
             c in _order(pp, rank, vpp, num_microbatches, g)]

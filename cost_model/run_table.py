@@ -7,8 +7,7 @@ dropless, except the 25.09 ``tokendrop`` rows; Megatron-Bridge and NeMo recipes 
 recompute cell is none, a blank dispatcher alltoall, a blank or ``1*`` ETP 1; the setting columns (Megatron's argument
 names) hold what each row's recipe set (``benchmarks/data/published_runs_fixes.md``), else ``key=value`` in
 ``other_notes``, else fp32 main gradients, native cross-entropy, Adam and the fp8 recipe its precision cell names; two
-runs of one configuration :data:`RELEASE_REGRESSION_RATIO` apart are a release's regression: the slower is left out.
-"""
+runs of one configuration :data:`RELEASE_REGRESSION_RATIO` apart are a release's regression: the slower is left out."""
 
 from __future__ import annotations
 
@@ -238,8 +237,7 @@ def _dispatcher_cell(cell: str, notes: dict[str, str]) -> Dispatcher:
     ``moe_flex_dispatcher_backend``) or its notes' ``moe_flex_dispatcher_backend`` / ``dispatcher``.
 
     Raises:
-        ValueError: a non-blank cell that names none of them (the row is then not representable, with this reason).
-    """
+        ValueError: a non-blank cell that names none of them (the row is then not representable, with this reason)."""
     disp = (cell + " " + notes.get("moe_flex_dispatcher_backend", "")).lower()
     if "dispatcher" in notes:  # a spelling Layout normalises (or rejects, naming the accepted ones)
         return cast(Dispatcher, notes["dispatcher"])
@@ -308,8 +306,7 @@ def _lora_settings(notes: dict[str, str]) -> dict[str, Any]:
     (Bridge's ``dim`` 32 on qkv, proj, fc1, fc2).
 
     Raises:
-        TunerError: a rank that is not a positive integer or a module :class:`specs.Workload` does not accept.
-    """
+        TunerError: a rank that is not a positive integer or a module :class:`specs.Workload` does not accept."""
     out: dict[str, Any] = {}
     if "lora_rank" in notes:
         raw = notes["lora_rank"].strip("'\"")
@@ -346,8 +343,7 @@ def _pipeline_split(model: ModelSpec, pp: int, vpp: int) -> tuple[int, int] | No
     """(first, last) stage layers that make ``num_layers`` split over pp x vpp; (0, 0) when even.
 
     Published runs with an uneven model (DeepSeek-V3's 61 layers) use a
-    ``--pipeline-model-parallel-layout``; the closest first/last split stands for it.
-    """
+    ``--pipeline-model-parallel-layout``; the closest first/last split stands for it."""
     L = model.num_layers
     best: tuple[float, int, int] | None = None
     per = L / pp

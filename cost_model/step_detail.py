@@ -274,8 +274,7 @@ class StepDetails:
     """Everything the step timeline and the breakdown charts show about one layout
     (:func:`cost_model.estimate.estimate_details`).
 
-    Units: seconds and bytes; ``[rank]`` tuples have ``pp`` entries, ``[rank][chunk]`` tables ``pp x vpp``.
-    """
+    Units: seconds and bytes; ``[rank]`` tuples have ``pp`` entries, ``[rank][chunk]`` tables ``pp x vpp``."""
 
     estimate: Estimate
     """The single-layout estimate (its ``pp_bubble`` from :attr:`schedule`)."""

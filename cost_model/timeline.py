@@ -253,8 +253,7 @@ def check_trace(trace: dict[str, Any], *, tolerance_us: float = 1e-6) -> list[st
 
     Checks the JSON Object Format (``traceEvents`` a list; each event's ``ph`` ``X`` or ``M``; ``X`` events with a
     string name, integer pid / tid, numeric ``ts`` and ``dur >= 0``), that every lane's events are sorted by start
-    and do not overlap (by more than ``tolerance_us``), and that every pid and tid with events has a name.
-    """
+    and do not overlap (by more than ``tolerance_us``), and that every pid and tid with events has a name."""
     problems: list[str] = []
     evs = trace.get("traceEvents")
     if not isinstance(evs, list):

@@ -14,8 +14,7 @@ class Estimate:
     """The analytical model's prediction for one layout (always ``source == "predicted"``).
 
     Memory is per GPU on the worst pipeline rank, in bytes; time is per optimizer
-    step, in seconds, split into parts that add up to ``step_time_s``.
-    """
+    step, in seconds, split into parts that add up to ``step_time_s``."""
 
     layout: Layout
     memory: dict[str, float]

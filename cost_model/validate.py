@@ -2,8 +2,7 @@
 (:mod:`cost_model.run_table`), their errors and rank correlation, and the release trend: a run of a NeMo container
 release before :data:`REFERENCE_RELEASE` (26.08) is predicted slower by
 :data:`RELEASE_GAIN_PER_MONTH` a month of releases (:func:`release_factor`), the gain the same configurations
-published in two releases show (:func:`measure_release_gain`).
-"""
+published in two releases show (:func:`measure_release_gain`)."""
 
 from __future__ import annotations
 
@@ -103,8 +102,7 @@ def measure_release_gain(runs: Sequence[Run]) -> dict[str, Any]:
 
     Returns:
         ``{"gain_per_month", "pairs", "median_ratio", "months"}`` (``pairs``: list of
-        ``(oldest_id, newest_id, months, ratio)``); gain 0.0 when no pair exists.
-    """
+        ``(oldest_id, newest_id, months, ratio)``); gain 0.0 when no pair exists."""
     pairs = []
     for group in _comparable(runs).values():
         dated = [(container_release(r.framework_version), r) for r in group]
@@ -240,8 +238,7 @@ def summarize(preds: Sequence[Prediction], key: Any = None) -> list[dict[str, An
 
     Returns:
         One dict per group: ``group``, ``rows``, ``median_abs_error``, ``mape``,
-        ``spearman`` (model -> rho) and ``spearman_median``.
-    """
+        ``spearman`` (model -> rho) and ``spearman_median``."""
     key = key or (lambda p: (p.run.gpu_type, p.run.precision))
     groups: dict[Any, list[Prediction]] = {}
     for p in preds:

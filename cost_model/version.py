@@ -2,8 +2,7 @@
 
 A study's predictions are comparable only when the same formulas made them; the calibration constants are recorded
 beside it (:mod:`tuner.study.storage`), and this digest covers what the constants do not: the terms and how the
-estimate composes them.
-"""
+estimate composes them."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Megatron's validity rules, pipeline layout strings and the search space (its enumeration).
 
-Builds on :mod:`specs` only (the layout types live there).
-"""
+Builds on :mod:`specs` only (the layout types live there)."""
 
 from __future__ import annotations
 

@@ -196,8 +196,7 @@ class _SplitStats:
 def _split_stats(table: LayoutTable, model: ModelSpec, rows: IntArray | None = None) -> _SplitStats:
     """Per-row facts about the pipeline split, computed once per distinct (pp, vpp, first, last).
 
-    ``rows`` restricts the result to those row indices (in that order).
-    """
+    ``rows`` restricts the result to those row indices (in that order)."""
     names = ("pp", "vpp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
     cols = [table[c] if rows is None else table[c][rows] for c in names]
     n = len(cols[0])

@@ -86,8 +86,7 @@ class RecomputeOption:
         """Options from one YAML entry (``num_layers`` may be a list: one option each).
 
         Raises TunerError: if the entry is not a mapping, has unknown keys, or a value is not accepted; the message
-        names the entry and the accepted values.
-        """
+        names the entry and the accepted values."""
         if not isinstance(entry, Mapping):
             raise TunerError(f"{where}: expected a mapping such as {{granularity: none}}, got {_show(entry)}")
         gran = entry.get("granularity")
@@ -214,8 +213,7 @@ class SearchSpace:
     """Candidates per dimension; every combination is a candidate layout.
 
     Made with :meth:`load` (the bundled default, or a YAML file over it) or :meth:`from_dict`; :meth:`to_dict` gives the
-    resolved space back for saving with a study. ``default_space.yaml`` documents each field.
-    """
+    resolved space back for saving with a study. ``default_space.yaml`` documents each field."""
 
     tp: tuple[int, ...]
     pp: tuple[int, ...]
@@ -344,8 +342,7 @@ def _read_default() -> dict[str, Any]:
 class Enumeration:
     """What :func:`enumerate_layouts` found.
 
-    ``sum(rule_counts.values()) + len(valid) == considered``.
-    """
+    ``sum(rule_counts.values()) + len(valid) == considered``."""
 
     considered: int
     """Every combination of the space's dimensions (after the model-specific collapsing in ``notes``)."""

@@ -5,8 +5,7 @@ Model, GPU, cluster and workload descriptions (:class:`ModelSpec`, :class:`GPUSp
 one user-error type (:class:`TunerError`), the units and the consoles the command lines print through
 (:mod:`specs.console`). It imports nothing else of this project; every other package may import it
 (``tests/test_package_order.py`` checks the order ``specs`` < ``search_spaces`` < ``cost_model`` < ``launch`` < ``rl`` <
-``tuner``).
-"""
+``tuner``)."""
 
 from __future__ import annotations
 

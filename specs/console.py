@@ -48,8 +48,7 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], console: Co
 
     Optional columns (``drop`` > 0) leave, highest ``drop`` first, until the widest row fits; the others always stay
     and fold rather than cut (no ``…``). Each row holds one string per column of ``cols``; what a narrow terminal
-    leaves out belongs in the command's ``--json``.
-    """
+    leaves out belongs in the command's ``--json``."""
     console = console or out
     keep = list(range(len(cols)))
 

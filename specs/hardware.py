@@ -1,7 +1,6 @@
 """Hardware: :class:`GPUSpec` (bundled datasheets) and the :class:`Cluster` a job runs on.
 
-SI units (bytes, FLOP/s, bytes/s); the YAML datasheets name their units and are converted once, here.
-"""
+SI units (bytes, FLOP/s, bytes/s); the YAML datasheets name their units and are converted once, here."""
 
 from __future__ import annotations
 
@@ -86,8 +85,7 @@ def load_gpu(name: str) -> GPUSpec:
 
     Raises TunerError: unknown GPU, with the known ones listed; a datasheet that is not valid YAML, lacks a key or has a
     value of the wrong kind (``specs/data/gpu.schema.json``; e.g. a ``family`` other than ampere / hopper / blackwell),
-    naming the file and the key.
-    """
+    naming the file and the key."""
     files = data_files(GPU_DIR, ".yaml")
     by_lower = {k.lower(): k for k in files}
     key = by_lower.get(name.lower())
@@ -151,8 +149,7 @@ def network_bytes_per_s(gbps: float) -> float:
     """``--network-gbps`` (Gb/s per node) as bytes/s, checked first in its own unit (1e308 Gb/s overflows as bytes).
 
     Raises TunerError: not finite, or outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] (one message naming
-    ``--network-gbps`` and the range).
-    """
+    ``--network-gbps`` and the range)."""
     if not (math.isfinite(gbps) and MIN_NETWORK_GBPS <= gbps <= MAX_NETWORK_GBPS):
         raise TunerError(f"--network-gbps must be a number of at least {MIN_NETWORK_GBPS:g} and at most "
                          f"{MAX_NETWORK_GBPS:,.0f} Gb/s per node, got {gbps:g}")

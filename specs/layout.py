@@ -1,8 +1,7 @@
 """The parallel layout of one training job, and a columnar table of many.
 
 Field names are Megatron-core's (``ModelParallelConfig`` / ``TransformerConfig``
-/ ``OptimizerConfig``) so that a layout maps flag for flag onto a run command.
-"""
+/ ``OptimizerConfig``) so that a layout maps flag for flag onto a run command."""
 
 from __future__ import annotations
 
@@ -145,8 +144,7 @@ class Layout:
     """One candidate parallel layout of a training job.
 
     ``dp`` and ``edp`` are derived (Megatron's ``parallel_state``):
-    ``dp = world_size / (tp * pp * cp)`` and ``edp = world_size / (etp * ep * pp)``.
-    """
+    ``dp = world_size / (tp * pp * cp)`` and ``edp = world_size / (etp * ep * pp)``."""
 
     world_size: int
     """GPUs in the job."""
@@ -299,8 +297,7 @@ def categories(values: npt.NDArray[Any]) -> tuple[list[str], npt.NDArray[np.intp
 
     Hashes the UCS-4 code points (only the character positions used by some row)
     to uint64 first: ``np.unique`` on unicode arrays sorts strings and is several
-    times slower on the ~10^6-row tables of a search space.
-    """
+    times slower on the ~10^6-row tables of a search space."""
     if len(values) == 0:
         return [], np.zeros(0, dtype=np.intp)
     width = values.dtype.itemsize // 4

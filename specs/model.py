@@ -1,7 +1,6 @@
 """The model description: :class:`ModelSpec`, from a bundled preset or a Hugging Face ``config.json``.
 
-Field names follow Megatron-core's ``TransformerConfig`` spelling where one exists.
-"""
+Field names follow Megatron-core's ``TransformerConfig`` spelling where one exists."""
 
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ class ModelSpec:
     """A decoder-only transformer, dense or mixture-of-experts.
 
     Field names are Megatron-core's (``TransformerConfig``). Built from a Hugging
-    Face ``config.json`` by :func:`load_model`.
-    """
+    Face ``config.json`` by :func:`load_model`."""
 
     name: str
     """Preset name or the path the config was read from."""
@@ -238,8 +236,7 @@ class ModelSpec:
         """Mean keys a query attends to under a causal mask, optionally limited to ``window_size``.
 
         Causal full attention: ``(s + 1) / 2``; with a left window ``w`` a query at position ``i`` (1-based) sees
-        ``min(i, w + 1)`` keys (itself and ``w`` before it, Megatron / flash-attention ``window_size=(w, 0)``).
-        """
+        ``min(i, w + 1)`` keys (itself and ``w`` before it, Megatron / flash-attention ``window_size=(w, 0)``)."""
         s = float(seq_length)
         if not windowed or not self.window_size or self.window_size + 1 >= s:
             return (s + 1) / 2
@@ -264,8 +261,7 @@ class ModelSpec:
         """Matmul weights of one attention block (QKV and output projections).
 
         Non-MLA: ``h*d*(n + 2g) + n*d*h`` (Megatron ``theoretical_memory_usage.py``).
-        MLA: DeepSeek-V3's down/up projections (same file, MLA branch), without norms.
-        """
+        MLA: DeepSeek-V3's down/up projections (same file, MLA branch), without norms."""
         h, n, g, d = self.hidden_size, self.num_attention_heads, self.num_query_groups, self.kv_channels
         if not self.is_mla:
             return h * d * (n + 2 * g) + n * d * h
@@ -631,8 +627,7 @@ def load_model(name_or_path: str, *, allow_config_args: bool = False) -> ModelSp
     ``allow_config_args`` (``--allow-config-args``); the bundled presets' are the project's own.
 
     Raises TunerError: unknown name (with close names suggested), unreadable or malformed file
-    (:func:`specs.files.load_user_json`), missing fields, or launch arguments not allowed.
-    """
+    (:func:`specs.files.load_user_json`), missing fields, or launch arguments not allowed."""
     p = Path(name_or_path)
     if p.is_dir() and (p / "config.json").is_file():  # a Hugging Face model folder
         p = p / "config.json"

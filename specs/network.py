@@ -3,8 +3,7 @@
 A :class:`Network` is the fabric between NVLink domains (nodes, or NVL72 racks): its per-GPU bandwidth and, per
 :class:`specs.layout.Dispatcher`, whether its inter-node kernels run there and the fraction of the NIC bandwidth
 they reach (:class:`DispatcherOnFabric`). The data and their sources: ``docs/network_fabrics.md``. The NVLink side
-(the NVLink domain of a GB200 / GB300 rack, or an 8-GPU node) is the GPU's (:attr:`specs.GPUSpec.nvlink_domain`).
-"""
+(the NVLink domain of a GB200 / GB300 rack, or an 8-GPU node) is the GPU's (:attr:`specs.GPUSpec.nvlink_domain`)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,7 @@ class Precision(str, Enum):
     ``fp8`` is Transformer Engine's per-tensor scaling (delayed or current scaling, Megatron ``--fp8-recipe
     delayed|tensorwise``); ``fp8_blockwise`` is DeepSeek-style 128x128 weight / 1x128 activation blocks (``--fp8-recipe
     blockwise``, Hopper); ``mxfp8`` is the OCP MX format with one E8M0 scale per 32 elements (``--fp8-recipe mxfp8``,
-    Blackwell); ``nvfp4`` is NVIDIA's FP4 with one FP8 scale per 16 elements (``--fp4-format e2m1``, Blackwell).
-    """
+    Blackwell); ``nvfp4`` is NVIDIA's FP4 with one FP8 scale per 16 elements (``--fp4-format e2m1``, Blackwell)."""
 
     bf16 = "bf16"
     fp8 = "fp8"
@@ -34,8 +33,7 @@ class Precision(str, Enum):
         Sources (Transformer Engine ``Float8Tensor`` / ``MXFP8Tensor`` / ``NVFP4Tensor``): per-tensor and blockwise fp8
         keep one fp8 copy (1 B; the transpose is made on the fly on Hopper, block scales add 4 B per 128x128 block,
         negligible); MX formats need both a row-wise and a column-wise quantised copy (their scales run along one axis),
-        so mxfp8 keeps 2 x (1 + 1/32) B and nvfp4 2 x (0.5 + 1/16) B. bf16: 0.
-        """
+        so mxfp8 keeps 2 x (1 + 1/32) B and nvfp4 2 x (0.5 + 1/16) B. bf16: 0."""
         return {
             Precision.bf16: 0.0,
             Precision.fp8: 1.0,

@@ -5,8 +5,7 @@ read from at a commit) is the :class:`RunOptions` a stack sets when the user say
 the default), ``megatron-lm`` (``megatron`` is its alias), ``megatron-bridge`` (its performance recipes) and
 ``nemo-rl`` (its Megatron trainer). :class:`RunFlags` are the run options as Megatron-LM's arguments name them, each
 None when not given; :func:`resolve_run_options` lays them over a preset, refuses contradictions and says which
-flags changed the preset (:attr:`StackRun.line`). Every command that estimates and the ``--from`` reader use it.
-"""
+flags changed the preset (:attr:`StackRun.line`). Every command that estimates and the ``--from`` reader use it."""
 
 from __future__ import annotations
 
@@ -82,8 +81,7 @@ def load_stack(name: str) -> StackPreset:
 class RunFlags:
     """The run options of a command line as Megatron-LM's arguments name them; None = not given (the preset's).
 
-    Each field is the argparse ``dest`` of the Megatron-LM argument in :data:`RUN_FLAG_NAMES`.
-    """
+    Each field is the argparse ``dest`` of the Megatron-LM argument in :data:`RUN_FLAG_NAMES`."""
 
     accumulate_allreduce_grads_in_fp32: bool | None = None
     grad_reduce_in_bf16: bool | None = None
@@ -281,8 +279,7 @@ def run_option_args(options: RunOptions, *, precision: str = "bf16", skip: tuple
     """Megatron-LM arguments for the run options that differ from Megatron-LM's defaults (:data:`RUN_FLAG_NAMES`'
     spellings), for the exported commands; ``skip``: arguments the command writes already (a model's own, e.g.
     ``--moe-permute-fusion`` in MiniMax-M2's ``MODEL_ARGS``). ``--accumulate-allreduce-grads-in-fp32`` / bf16 reduction
-    is left to the caller (it belongs with the numerics flags).
-    """
+    is left to the caller (it belongs with the numerics flags)."""
     d = RunOptions()
     a: list[str] = []
     if options.cross_entropy_loss_fusion:

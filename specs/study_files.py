@@ -1,8 +1,7 @@
 """What a study's folder (``results/<study>/``) holds, and the check that keeps an output from writing over it.
 
 ``tune`` and ``tune rl`` write their outputs (``--out``, ``--export``, ``--csv``, ...) through
-:func:`check_output_path` first, so that no output overwrites a study's database, journal or record.
-"""
+:func:`check_output_path` first, so that no output overwrites a study's database, journal or record."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def read_study_record(path: Path) -> Any:
     """The parsed ``config.yaml`` of a study folder (any YAML value; the caller checks its shape).
 
     Raises the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not text, not YAML, nested too
-    deeply.
-    """
+    deeply."""
     import yaml
 
     from specs.files import parse_errors, read_user_text

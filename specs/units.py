@@ -1,7 +1,6 @@
 """Units and element sizes used by every package (SI inside the code; GiB only when printing).
 
-Sources: IEC 80000-13 (GiB = 2**30 bytes); IEEE 754 / bfloat16 element sizes.
-"""
+Sources: IEC 80000-13 (GiB = 2**30 bytes); IEEE 754 / bfloat16 element sizes."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Megatron-core releases the validity rules know (``--megatron-core``), read in ``docs/megatron_versions.md``.
 
 A version is kept as ``(major, minor)``; patch levels and release-candidate suffixes do not change a rule the
-tuner checks (``0.16.0rc0``, slime's pin, is 0.16).
-"""
+tuner checks (``0.16.0rc0``, slime's pin, is 0.16)."""
 
 from __future__ import annotations
 

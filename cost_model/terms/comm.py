@@ -5,8 +5,7 @@ Rank placement follows Megatron's default order ``tp-cp-ep-dp-pp`` (experts ``et
 ``span <= nvlink_size``. Ring collectives move ``(g - 1) / g`` of the tensor per GPU (NCCL's
 all-gather / reduce-scatter bus-bandwidth formula, nccl-tests PERFORMANCE.md). Bandwidths are the
 datasheet's times :class:`cost_model.calibration.Calibration` efficiencies; times are seconds per
-layer per micro-batch (``(n, 1)``) unless stated.
-"""
+layer per micro-batch (``(n, 1)``) unless stated."""
 
 from __future__ import annotations
 

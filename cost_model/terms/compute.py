@@ -4,8 +4,7 @@ FLOPs follow Megatron's ``num_floating_point_operations`` (``megatron/training/t
 shared/notes/megatron_rules.md §6.3): 2 FLOPs per multiply-accumulate, backward = 2 x forward for every GEMM (dgrad +
 wgrad; Narayanan et al. 2021, arXiv 2104.04473 §5.1), so a layer's forward + backward is :data:`GEMM_PASSES` x its
 forward. Efficiencies and HBM bytes are :class:`cost_model.calibration.Calibration` fields. FLOPs are per GPU (split by
-TP / ETP), times in seconds; shapes ``(n, 1)`` unless stated.
-"""
+TP / ETP), times in seconds; shapes ``(n, 1)`` unless stated."""
 
 from __future__ import annotations
 

@@ -42,8 +42,7 @@ class ModelDims:
     """A model's dimensions and per-layer parameter counts, as floats (the terms' notation).
 
     Names follow Korthikanti et al. 2022 where they have one (h, a) and Megatron's
-    ``TransformerConfig`` otherwise; counts are elements (:class:`specs.ModelSpec`).
-    """
+    ``TransformerConfig`` otherwise; counts are elements (:class:`specs.ModelSpec`)."""
 
     h: float
     """``hidden_size``."""
@@ -168,8 +167,7 @@ class ModelDims:
 class TableContext:
     """The derived quantities of one :class:`LayoutTable` that the terms share.
 
-    Built once per :func:`cost_model.estimate.estimate_table` call by :func:`build_context`.
-    """
+    Built once per :func:`cost_model.estimate.estimate_table` call by :func:`build_context`."""
 
     model: ModelSpec
     cluster: Cluster

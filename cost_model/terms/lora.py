@@ -7,8 +7,7 @@ matrices, ``A`` (in x r) and ``B`` (r x out), with their own main gradients and 
 adapter per EP rank, ``share_expert_adapters=True``). The adapters follow the base layer's tensor split, so an
 adapter's elements per GPU are ``r (in + out) / tp`` (``/ etp`` for the experts'). The frozen GEMMs skip their weight
 gradient (:func:`gemm_passes`); the adapters' own work is memory-bound (:func:`adapter_time`). Returns of the
-parameter functions are elements, ``(n, K)``, as in :mod:`cost_model.terms.params`.
-"""
+parameter functions are elements, ``(n, K)``, as in :mod:`cost_model.terms.params`."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ def check_targets(c: TableContext) -> None:
 
     Raises:
         TunerError: ``linear_qkv`` on a multi-latent-attention model (:meth:`specs.Workload.on_model` drops it from
-            the default targets).
-    """
+            the default targets)."""
     if _lora(c) and c.dims.is_mla and "linear_qkv" in c.workload.lora_target_modules:
         rest = ",".join(m for m in c.workload.lora_target_modules if m != "linear_qkv") or "linear_proj"
         raise TunerError("--lora-target-modules linear_qkv: this model has multi-latent attention, which has no "
@@ -73,8 +71,7 @@ def adapter_params(c: TableContext) -> tuple[Array, Array]:
     split by TP, the MoE layers' one shared expert adapter per EP rank split by ETP.
 
     Returns:
-        Two arrays of elements, ``(n, K)``.
-    """
+        Two arrays of elements, ``(n, K)``."""
     qkv, proj, fc1, fc2, efc1, efc2, shared = _per_module(c)
     tp, etp = col(c.tp), col(c.etp)
     dense = (c.layers * (qkv + proj) + c.dense_layers * (fc1 + fc2) + c.moe_layers * shared) / tp
@@ -124,8 +121,7 @@ def adapter_time(c: TableContext, copies: Array) -> tuple[Array, Array, Array]:
         copies: routed token copies per GPU, ``(n, 1)`` (ignored for a dense model).
 
     Returns:
-        Three arrays of seconds, ``(n, 1)``; zeros without ``--task lora``.
-    """
+        Three arrays of seconds, ``(n, 1)``; zeros without ``--task lora``."""
     zero = np.zeros_like(c.tokens)
     if not _lora(c):
         return zero, zero, zero

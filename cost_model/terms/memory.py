@@ -2,8 +2,7 @@
 framework overhead.
 
 Per-layer activation bytes come from :mod:`cost_model.terms.activations`, in-flight micro-batches
-from :mod:`cost_model.terms.schedule`. Results are bytes, ``(n, K)`` (per pipeline-rank class).
-"""
+from :mod:`cost_model.terms.schedule`. Results are bytes, ``(n, K)`` (per pipeline-rank class)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Offload is Megatron's ``HybridDeviceOptimizer`` (``--optimizer-cpu-offload``, ``--optimizer-offload-fraction``,
 megatron/core/optimizer/cpu_offloading): the offloaded share of the states is stepped by the host's CPUs, gradients
 copied down and parameters back over PCIe. Arguments ``owned`` are :func:`cost_model.terms.state.owned_params`, ``(n,
-K)``; results are seconds per step on the slowest rank, ``(n,)``.
-"""
+K)``; results are seconds per step on the slowest rank, ``(n,)``."""
 
 from __future__ import annotations
 

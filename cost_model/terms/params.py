@@ -2,8 +2,7 @@
 
 Source: Megatron's ``megatron/training/theoretical_memory_usage.py`` (EP-aware form since a7c9e8c4,
 shared/notes/megatron_rules.md §6.1), applied to the real layers of each pipeline rank instead
-of ``1/PP`` of the block. Every function returns elements (not bytes), shape ``(n, K)``.
-"""
+of ``1/PP`` of the block. Every function returns elements (not bytes), shape ``(n, K)``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Pipeline-rank classes: which decoder layers each pipeline rank holds, reduced to a few classes.
 
 Every rank-dependent term has shape ``(n, K)``: one column per class of pipeline ranks that hold the same layers (K is 1
-to 4 whatever ``pp``), so one vectorised call covers every rank of 10^5-10^6 layouts.
-"""
+to 4 whatever ``pp``), so one vectorised call covers every rank of 10^5-10^6 layouts."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ Selective recompute re-runs the listed ``--recompute-modules``; full recompute r
 transformer_layer.py). A forward is ``1 / (1 + elementwise_backward_ratio)`` of a layer's memory-bound time and half of
 its TP collectives (:data:`cost_model.terms.comm.SP_COLLECTIVES_PER_BLOCK` are two forward, two backward). Arguments are
 the per-layer times of :mod:`cost_model.terms.compute` and :mod:`cost_model.terms.comm`, ``(n, 1)``; results are seconds
-per layer per micro-batch.
-"""
+per layer per micro-batch."""
 
 from __future__ import annotations
 

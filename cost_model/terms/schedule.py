@@ -2,8 +2,7 @@
 
 Sources: Megatron's ``megatron/core/pipeline_parallel/schedules.py``
 (``forward_backward_pipelining_without_interleaving`` / ``..._with_interleaving``: warm-up counts) and Narayanan et al.
-2021 (arXiv 2104.04473 §2.2: the interleaved bubble is ``(pp - 1) / vpp`` micro-batch times).
-"""
+2021 (arXiv 2104.04473 §2.2: the interleaved bubble is ``(pp - 1) / vpp`` micro-batch times)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 Source: Megatron's ``megatron/training/theoretical_memory_usage.py`` (18 bytes per parameter, or 6 + 12/DP with the
 distributed optimizer; notes §6.1), with the precision-aware optimizer's dtypes, the quantised weight copy of fp8 / MX /
 NVFP4, CPU optimizer offload and Megatron FSDP added. Arguments ``dense`` and ``experts`` are the elements of
-:mod:`cost_model.terms.params`, ``(n, K)``; results are bytes, ``(n, K)``.
-"""
+:mod:`cost_model.terms.params`, ``(n, K)``; results are bytes, ``(n, K)``."""
 
 from __future__ import annotations
 
