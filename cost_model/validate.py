@@ -17,39 +17,11 @@ import numpy as np
 
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.estimate import estimate_table
-from cost_model.run_table import (  # noqa: F401  (re-exported: importers of cost_model.validate)
-    RELEASE_REGRESSION_RATIO,
-    REQUIRED_COLUMNS,
-    RowProblem,
-    Run,
-    _cluster,
-    _comparable,
-    _configuration_key,
-    _dispatcher_cell,
-    mark_release_regressions,
-    model_alias,
-    read_runs,
-)
+from cost_model.run_table import RELEASE_REGRESSION_RATIO as RELEASE_REGRESSION_RATIO
+from cost_model.run_table import Run as Run
+from cost_model.run_table import _comparable
+from cost_model.run_table import read_runs as read_runs
 from specs.layout import LayoutTable
-
-__all__ = [
-    "REQUIRED_COLUMNS",
-    "Run",
-    "RowProblem",
-    "Prediction",
-    "read_runs",
-    "predict_runs",
-    "summarize",
-    "spearman",
-    "model_alias",
-    "RunBatch",
-    "mark_release_regressions",
-    "measure_release_gain",
-    "release_factor",
-    "RELEASE_GAIN_PER_MONTH",
-    "REFERENCE_RELEASE",
-]
-
 
 #: The NeMo container release the published-run predictions are made for: the newest in
 #: ``benchmarks/data/published_runs.csv`` (26.08, Megatron-Bridge v0.6.0). A user's own estimate has no release and is
