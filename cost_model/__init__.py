@@ -11,14 +11,5 @@ from cost_model.flops import megatron_flops_per_token, mfu, usd_per_million_toke
 from cost_model.types import Estimate
 
 __all__ = [
-    "Calibration",
-    "DEFAULT_CALIBRATION",
-    "Estimate",
-    "EstimateTable",
-    "estimate",
-    "estimate_table",
-    "load_calibration",
-    "megatron_flops_per_token",
-    "mfu",
-    "usd_per_million_tokens",
-]
+    "Calibration", "DEFAULT_CALIBRATION", "Estimate", "EstimateTable", "estimate", "estimate_table", "load_calibration",
+    "megatron_flops_per_token", "mfu", "usd_per_million_tokens"]

@@ -27,26 +27,14 @@ from specs.errors import TunerError
 
 #: Constants fitted, with their bounds (same units as :class:`Calibration`).
 FIT_BOUNDS: dict[str, tuple[float, float]] = {
-    "gemm_efficiency": (0.3, 0.95),
-    "grouped_gemm_efficiency": (0.15, 0.95),
-    "attention_efficiency": (0.15, 0.95),
-    "gemm_family_factor_ampere": (0.5, 1.5),
-    "gemm_family_factor_blackwell": (0.5, 1.5),
-    "gemm_generation_factor_blackwell_ultra": (0.5, 1.5),
-    "fp8_gemm_efficiency_ratio": (0.3, 1.3),
-    "fp8_blockwise_gemm_efficiency_ratio": (0.3, 1.3),
-    "mxfp8_gemm_efficiency_ratio": (0.3, 1.3),
-    "nvfp4_gemm_efficiency_ratio": (0.15, 1.3),
-    "nvlink_efficiency": (0.2, 0.95),
-    "network_efficiency": (0.2, 0.95),
-    "dp_overlap": (0.0, 1.0),
-    "tp_comm_overlap_fraction": (0.0, 1.0),
-    "moe_layer_overhead_s": (0.0, 3e-3),
-    "expert_gemm_overhead_s": (0.0, 1e-4),
-    "cuda_graph_overhead_factor": (0.05, 1.0),
-    "cuda_graph_partial_overhead_factor": (0.05, 1.0),
-    "moe_load_imbalance": (1.0, 2.0),
-}
+    "gemm_efficiency": (0.3, 0.95), "grouped_gemm_efficiency": (0.15, 0.95), "attention_efficiency": (0.15, 0.95),
+    "gemm_family_factor_ampere": (0.5, 1.5), "gemm_family_factor_blackwell": (0.5, 1.5),
+    "gemm_generation_factor_blackwell_ultra": (0.5, 1.5), "fp8_gemm_efficiency_ratio": (0.3, 1.3),
+    "fp8_blockwise_gemm_efficiency_ratio": (0.3, 1.3), "mxfp8_gemm_efficiency_ratio": (0.3, 1.3),
+    "nvfp4_gemm_efficiency_ratio": (0.15, 1.3), "nvlink_efficiency": (0.2, 0.95), "network_efficiency": (0.2, 0.95),
+    "dp_overlap": (0.0, 1.0), "tp_comm_overlap_fraction": (0.0, 1.0), "moe_layer_overhead_s": (0.0, 3e-3),
+    "expert_gemm_overhead_s": (0.0, 1e-4), "cuda_graph_overhead_factor": (0.05, 1.0),
+    "cuda_graph_partial_overhead_factor": (0.05, 1.0), "moe_load_imbalance": (1.0, 2.0)}
 
 #: Weight of a run whose ``framework_version`` says it is one of the project's own measured
 #: runs (the seed, natural routing on H200): the only rows that inform ``moe_load_imbalance``.
@@ -233,19 +221,16 @@ TRIAL_FIT_BOUNDS: dict[str, tuple[float, float]] = {
 #: the elementwise byte counts and the precision / GPU-family ratios, which a handful of layouts on one GPU type cannot
 #: separate from the constants above.
 TRIAL_STEP_NAMES: tuple[str, ...] = (
-    "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency",
-    "nvlink_efficiency", "alltoall_nvlink_efficiency", "expert_gemm_overhead_s", "moe_layer_overhead_s",
-)
+    "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency", "nvlink_efficiency",
+    "alltoall_nvlink_efficiency", "expert_gemm_overhead_s", "moe_layer_overhead_s")
 
 _GIB = float(2**30)
 
 #: Memory constants fitted to a measured peak, with bounds. Against the allocator's *reserved*
 #: peak they absorb its caching and fragmentation on top of what tensors hold.
 MEMORY_FIT_BOUNDS: dict[str, tuple[float, float]] = {
-    "allocator_overhead_fraction": (0.0, 1.0),
-    "cuda_context_bytes": (0.0, 32 * _GIB),
-    "nccl_bytes_per_communicator": (0.0, 4 * _GIB),
-}
+    "allocator_overhead_fraction": (0.0, 1.0), "cuda_context_bytes": (0.0, 32 * _GIB),
+    "nccl_bytes_per_communicator": (0.0, 4 * _GIB)}
 
 
 @dataclass(frozen=True)
@@ -306,8 +291,7 @@ def _runs_of(obs: Sequence[Observation], *, need: str) -> list[Run]:
             published_tokens=o.tokens_per_s_per_gpu if need == "step" else 1.0, published_tflops=None,
             implied_gflop_per_token=None, seq_length=o.workload.seq_length, framework_version="measured trial",
             model=o.model, cluster=o.cluster, workload=o.workload, layout=o.layout,
-            options=o.options if o.options is not None else HARNESS_RUN_OPTIONS, is_moe=o.model.is_moe,
-        ))
+            options=o.options if o.options is not None else HARNESS_RUN_OPTIONS, is_moe=o.model.is_moe))
     return runs
 
 

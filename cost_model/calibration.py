@@ -249,11 +249,9 @@ class Calibration:
     def precision_ratio(self, precision: str) -> float:
         """GEMM efficiency at ``precision`` (a :class:`specs.Precision` value) relative to bf16."""
         return {
-            "fp8": self.fp8_gemm_efficiency_ratio,
-            "fp8_blockwise": self.fp8_blockwise_gemm_efficiency_ratio,
+            "fp8": self.fp8_gemm_efficiency_ratio, "fp8_blockwise": self.fp8_blockwise_gemm_efficiency_ratio,
             "mxfp8": self.mxfp8_gemm_efficiency_ratio,
-            "nvfp4": self.nvfp4_gemm_efficiency_ratio,
-        }.get(str(precision), 1.0)
+            "nvfp4": self.nvfp4_gemm_efficiency_ratio}.get(str(precision), 1.0)
 
     def to_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -267,20 +265,17 @@ class Calibration:
 _RANGES: dict[str, tuple[float, float, bool]] = {
     # a kernel or link at 1% of its datasheet peak or less is a typo, not a calibration (1e-300 made a step 1e300 s)
     **{k: (0.01, 1.0, False) for k in (
-        "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency", "hbm_efficiency",
-        "nvlink_efficiency", "alltoall_nvlink_efficiency", "network_efficiency", "pcie_efficiency",
-    )},
+        "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency", "hbm_efficiency", "nvlink_efficiency",
+        "alltoall_nvlink_efficiency", "network_efficiency", "pcie_efficiency")},
     **{k: (0.0, 1.0, True) for k in ("cuda_graph_overhead_factor", "cuda_graph_partial_overhead_factor")},
     **{k: (0.0, 1.0, False) for k in (
         "dp_overlap", "pp_p2p_overlap", "offload_overlap", "allocator_overhead_fraction", "flex_sm_share",
-        "tp_comm_overlap_fraction", "cp_p2p_overlap", "ep_a2a_overlap",
-    )},
+        "tp_comm_overlap_fraction", "cp_p2p_overlap", "ep_a2a_overlap")},
     # a GPU family's or precision's compute at a tenth of its datasheet's share or less is a typo, not a calibration
     **{k: (0.1, 2.0, False) for k in (
         "gemm_family_factor_ampere", "gemm_family_factor_blackwell", "gemm_generation_factor_blackwell_ultra",
         "fp8_gemm_efficiency_ratio", "fp8_blockwise_gemm_efficiency_ratio", "mxfp8_gemm_efficiency_ratio",
-        "nvfp4_gemm_efficiency_ratio",
-    )},
+        "nvfp4_gemm_efficiency_ratio")},
     "moe_load_imbalance": (1.0, float("inf"), False),
     "grouped_gemm_efficiency_floor": (0.0, 1.0, True),
     "elementwise_backward_ratio": (0.0, 10.0, True),

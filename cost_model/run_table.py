@@ -49,8 +49,7 @@ _ALIASES = {
     "llama3170b": "Llama-3.1-70B", "llama31405b": "Llama-3.1-405B", "llama3405b": "Llama-3.1-405B",
     "qwen330ba3b": "Qwen3-30B-A3B", "qwen3235ba22b": "Qwen3-235B-A22B", "deepseekv3": "DeepSeek-V3",
     "kimik2": "Kimi-K2", "gptoss120b": "GPT-OSS-120B", "mixtral8x7b": "Mixtral-8x7B", "mixtral8x22b": "Mixtral-8x22B",
-    "minimaxm2": "MiniMax-M2", "minimaxm3": "MiniMax-M3",
-}
+    "minimaxm2": "MiniMax-M2", "minimaxm3": "MiniMax-M3"}
 
 #: Model-name fragments the cost model has no layer type for, with the reason.
 _UNREPRESENTABLE_MODELS = (
@@ -58,8 +57,7 @@ _UNREPRESENTABLE_MODELS = (
     ("nemotron_3", "hybrid Mamba / attention MoE model: the cost model has no Mamba layers"),
     ("hybrid", "hybrid Mamba / attention model: the cost model has no Mamba layers"),
     ("qwen3next", "hybrid gated-DeltaNet model: the cost model has no linear-attention layers"),
-    ("deepseekv4", "DeepSeek-V4: architecture not published in a form the presets cover"),
-)
+    ("deepseekv4", "DeepSeek-V4: architecture not published in a form the presets cover"))
 
 #: Defaults of the run options a row's settings override.
 _DEFAULT_OPTIONS = RunOptions()
@@ -493,10 +491,8 @@ def _read_row(raw: dict[Any, Any], i: int, p: Path, cols: list[str], gpu_names: 
         row=i, run_id=rid, model_name=r["model"].strip(), gpu_type=gpu_names[gname.lower()], precision=c.prec.value,
         num_gpus=int(c.ngpu), published_tokens=c.tok or None, published_tflops=c.tfl or None,
         implied_gflop_per_token=c.gflop or None, seq_length=int(c.seq),
-        framework_version=r.get("framework_version", "").strip(),
-        task=r.get("task", "").strip(),
-        is_moe=r.get("is_moe", "").strip().upper().startswith("Y"),
-    )
+        framework_version=r.get("framework_version", "").strip(), task=r.get("task", "").strip(),
+        is_moe=r.get("is_moe", "").strip().upper().startswith("Y"))
     notes_text = r.get("other_notes", "")
     notes = _notes(notes_text)
     model = _row_model(run, r, notes, p)

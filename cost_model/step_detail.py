@@ -105,17 +105,9 @@ def chunk_context(c: TableContext, layers: Table, moe: Table, recompute_num_laye
     rank = np.repeat(np.arange(pp, dtype=np.float64), vpp)[None, :]
     chunk = np.tile(np.arange(vpp, dtype=np.float64), pp)[None, :]
     return dataclasses.replace(
-        c,
-        rank=rank,
-        live=np.ones_like(flat, dtype=np.bool_),
-        rank_count=np.ones_like(flat),
-        is_first=(rank == 0) & (chunk == 0),
-        is_last=(rank == pp - 1) & (chunk == vpp - 1),
-        layers=flat,
-        moe_layers=flat_moe,
-        dense_layers=flat - flat_moe,
-        block_layers=np.minimum(flat, max(recompute_num_layers, 1)),
-    )
+        c, rank=rank, live=np.ones_like(flat, dtype=np.bool_), rank_count=np.ones_like(flat),
+        is_first=(rank == 0) & (chunk == 0), is_last=(rank == pp - 1) & (chunk == vpp - 1), layers=flat,
+        moe_layers=flat_moe, dense_layers=flat - flat_moe, block_layers=np.minimum(flat, max(recompute_num_layers, 1)))
 
 
 def no_overlap(c: TableContext) -> TableContext:
@@ -166,11 +158,8 @@ def forward_parts(c: TableContext, copies: Array) -> dict[str, Array]:
     nm, nd = c.moe_layers, c.dense_layers
     return {
         "compute": np.maximum(nm * (attn + moe) + nd * (attn + dense), 0.0) + _logits_forward_time(c),
-        "recompute": np.zeros_like(c.layers),
-        "tp_comm": share * (nm * (tp_attn + tp_moe) + nd * (tp_attn + tp_dense)),
-        "cp_comm": c.layers * comm.cp_comm_time(c) / comm.CP_PASSES,
-        "ep_comm": nm * ep_fwd,
-    }
+        "recompute": np.zeros_like(c.layers), "tp_comm": share * (nm * (tp_attn + tp_moe) + nd * (tp_attn + tp_dense)),
+        "cp_comm": c.layers * comm.cp_comm_time(c) / comm.CP_PASSES, "ep_comm": nm * ep_fwd}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -32,35 +32,18 @@ P2P_TID = 1002
 
 #: Event names of the chunk parts on the ``GPU time by part`` lane.
 PART_NAMES = {
-    "compute": "compute",
-    "recompute": "recompute",
-    "tp_comm": "TP comm (exposed)",
-    "cp_comm": "CP comm (exposed)",
-    "ep_comm": "EP all-to-all (exposed)",
-}
+    "compute": "compute", "recompute": "recompute", "tp_comm": "TP comm (exposed)", "cp_comm": "CP comm (exposed)",
+    "ep_comm": "EP all-to-all (exposed)"}
 HIDDEN_NAMES = {"tp_comm": "TP comm (hidden)", "cp_comm": "CP comm (hidden)", "ep_comm": "EP all-to-all (hidden)"}
 #: Event names of the step's tail (:data:`cost_model.step_detail.TAIL_PARTS`).
 TAIL_NAMES = {
-    "pp_p2p": "PP p2p (exposed)",
-    "dp_comm": "DP grad reduce-scatter + param all-gather",
-    "optimizer": "optimizer step",
-    "offload": "CPU optimizer offload",
-}
+    "pp_p2p": "PP p2p (exposed)", "dp_comm": "DP grad reduce-scatter + param all-gather", "optimizer": "optimizer step",
+    "offload": "CPU optimizer offload"}
 #: chrome://tracing's reserved colours (catapult ``color_scheme``); Perfetto colours by name instead.
 _COLOURS = {
-    "forward": "rail_response",
-    "backward": "rail_animation",
-    "compute": "good",
-    "recompute": "yellow",
-    "tp_comm": "terrible",
-    "cp_comm": "terrible",
-    "ep_comm": "terrible",
-    "hidden": "grey",
-    "pp_p2p": "bad",
-    "dp_comm": "bad",
-    "optimizer": "olive",
-    "offload": "olive",
-}
+    "forward": "rail_response", "backward": "rail_animation", "compute": "good", "recompute": "yellow",
+    "tp_comm": "terrible", "cp_comm": "terrible", "ep_comm": "terrible", "hidden": "grey", "pp_p2p": "bad",
+    "dp_comm": "bad", "optimizer": "olive", "offload": "olive"}
 
 
 def _role(r: int, pp: int) -> str:

@@ -229,11 +229,6 @@ def summarize(preds: Sequence[Prediction], key: Any = None) -> list[dict[str, An
             if not math.isnan(rho):
                 rhos[m] = rho
         out.append({
-            "group": g,
-            "rows": len(ps),
-            "median_abs_error": float(np.median(errs)),
-            "mape": float(np.mean(errs)),
-            "spearman": rhos,
-            "spearman_median": float(np.median(list(rhos.values()))) if rhos else float("nan"),
-        })
+            "group": g, "rows": len(ps), "median_abs_error": float(np.median(errs)), "mape": float(np.mean(errs)),
+            "spearman": rhos, "spearman_median": float(np.median(list(rhos.values()))) if rhos else float("nan")})
     return out

@@ -220,13 +220,11 @@ def parse_layout_string(text: str, pp: int) -> list[list[str]]:
     leftover = sorted({ch for ch in flat if ch not in "EtmL|"})
     if leftover:
         raise _syntax_error(
-            text, f"stray {', '.join(repr(c) for c in leftover)}: a repeat count must follow a symbol as 'x*n'"
-        )
+            text, f"stray {', '.join(repr(c) for c in leftover)}: a repeat count must follow a symbol as 'x*n'")
     stages = [list(s) for s in flat.split("|")]
     if len(stages) % pp:
         raise _syntax_error(
-            text, f"it has {len(stages)} stage(s), which is not a multiple of pp ({pp}); stages = pp * vpp"
-        )
+            text, f"it has {len(stages)} stage(s), which is not a multiple of pp ({pp}); stages = pp * vpp")
     return stages
 
 

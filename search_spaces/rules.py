@@ -34,19 +34,8 @@ from specs import ModelSpec, Workload
 from specs.layout import Layout, LayoutTable
 
 __all__ = [
-    "DEFAULT_RULE_ENV",
-    "Rule",
-    "RuleEnv",
-    "RULES",
-    "RULE_IDS",
-    "MOE_RECOMPUTE_MODULES",
-    "POLICY_RULES",
-    "check_table",
-    "check_layout",
-    "run_option_problems",
-    "applicable_recompute_modules",
-    "layout_warnings",
-]
+    "DEFAULT_RULE_ENV", "Rule", "RuleEnv", "RULES", "RULE_IDS", "MOE_RECOMPUTE_MODULES", "POLICY_RULES", "check_table",
+    "check_layout", "run_option_problems", "applicable_recompute_modules", "layout_warnings"]
 
 # --------------------------------------------------------------------------- registry
 

@@ -81,10 +81,8 @@ class RecomputeOption:
             raise TunerError(f"{where}: expected a mapping such as {{granularity: none}}, got {entry!r}")
         gran = entry.get("granularity")
         accepted = {
-            "none": {"granularity"},
-            "selective": {"granularity", "modules"},
-            "full": {"granularity", "method", "num_layers"},
-        }
+            "none": {"granularity"}, "selective": {"granularity", "modules"},
+            "full": {"granularity", "method", "num_layers"}}
         if gran not in accepted:
             raise TunerError(f"{where}: granularity must be one of none, selective, full; got {gran!r}")
         unknown = set(entry) - accepted[gran]
@@ -101,8 +99,7 @@ class RecomputeOption:
                 mods = [mods]
             if not isinstance(mods, list) or not mods or not all(isinstance(x, str) for x in mods):
                 raise TunerError(
-                    f"{where}: modules must be a non-empty list of names from {', '.join(RECOMPUTE_MODULES)}"
-                )
+                    f"{where}: modules must be a non-empty list of names from {', '.join(RECOMPUTE_MODULES)}")
             bad = [x for x in mods if x not in RECOMPUTE_MODULES]
             if bad:
                 raise TunerError(f"{where}: unknown recompute modules {bad}; accepted: {', '.join(RECOMPUTE_MODULES)}")
@@ -265,8 +262,7 @@ class SearchSpace:
         rec_raw = d["recompute"]
         if not isinstance(rec_raw, list) or not rec_raw:
             raise TunerError(
-                f"{where('recompute')}: expected a non-empty list of options, e.g. [{{granularity: none}}]"
-            )
+                f"{where('recompute')}: expected a non-empty list of options, e.g. [{{granularity: none}}]")
         rec: list[RecomputeOption] = []
         for i, entry in enumerate(rec_raw):
             rec += RecomputeOption.parse(entry, f"{where('recompute')}[{i}]")
@@ -274,8 +270,7 @@ class SearchSpace:
         split_raw = d["pipeline_split"]
         if not isinstance(split_raw, Mapping):
             raise TunerError(
-                f"{where('pipeline_split')}: expected {{even: true, max_stage_deficit: 2}}, got {split_raw!r}"
-            )
+                f"{where('pipeline_split')}: expected {{even: true, max_stage_deficit: 2}}, got {split_raw!r}")
         unknown = [str(k) for k in split_raw if k not in ("even", "max_stage_deficit")]
         if unknown:
             raise TunerError(f"{where('pipeline_split')}: unknown keys {unknown}; accepted: even, max_stage_deficit")
@@ -288,8 +283,7 @@ class SearchSpace:
                              f"{deficit!r}")
         if not even and deficit == 0:
             raise TunerError(
-                f"{where('pipeline_split')}: even is false and max_stage_deficit is 0, so no split is left"
-            )
+                f"{where('pipeline_split')}: even is false and max_stage_deficit is 0, so no split is left")
 
         values = {k: read(d[k], where(k)) for k, read in _READERS.items()}
         return cls(recompute=_unique(rec), pipeline_split=PipelineSplitSpace(even=even, max_stage_deficit=deficit),
@@ -313,8 +307,7 @@ _READERS: dict[str, Any] = {
     "optimizer_offload_fraction": _fractions, "overlap_cpu_optimizer_d2h_h2d": _bools,
     "dispatcher": lambda v, k: tuple(Dispatcher(x) for x in _choices(v, k, [d.value for d in Dispatcher])),
     **dict.fromkeys(("exp_avg_dtype", "exp_avg_sq_dtype"), lambda v, k: _choices(v, k, _DTYPES)),
-    **dict.fromkeys(("use_precision_aware_optimizer", "use_distributed_optimizer"), _bools),
-}
+    **dict.fromkeys(("use_precision_aware_optimizer", "use_distributed_optimizer"), _bools)}
 
 
 def _read_default() -> dict[str, Any]:
@@ -423,10 +416,8 @@ def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str], env: Rul
         _dim(
             "pipeline",
             {
-                "pp": pipe_pp,
-                "num_layers_in_first_pipeline_stage": pipe_first,
-                "num_layers_in_last_pipeline_stage": pipe_last,
-            },
+                "pp": pipe_pp, "num_layers_in_first_pipeline_stage": pipe_first,
+                "num_layers_in_last_pipeline_stage": pipe_last},
         ),
         _dim("tp", {"tp": space.tp, "sequence_parallel": [t > 1 for t in space.tp]}),
         _dim("cp", {"cp": space.cp}),
@@ -438,10 +429,8 @@ def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str], env: Rul
             "recompute",
             {
                 "recompute_granularity": [r.granularity.value for r in rec],
-                "recompute_method": [r.method.value for r in rec],
-                "recompute_num_layers": [r.num_layers for r in rec],
-                "recompute_modules": [",".join(r.modules) for r in rec],
-            },
+                "recompute_method": [r.method.value for r in rec], "recompute_num_layers": [r.num_layers for r in rec],
+                "recompute_modules": [",".join(r.modules) for r in rec]},
         ),
         _dim("optimizer_offload_fraction", {"optimizer_offload_fraction": space.optimizer_offload_fraction}),
         _dim("overlap_cpu_optimizer_d2h_h2d", {"overlap_cpu_optimizer_d2h_h2d": space.overlap_cpu_optimizer_d2h_h2d}),

@@ -95,24 +95,17 @@ def load_gpu(name: str) -> GPUSpec:
         raise TunerError(f"unknown GPU {name!r:.60}.{hint} Known GPUs: {', '.join(sorted(files))}")
     d = _checked_datasheet(files[key].name, files[key].read_text())
     return GPUSpec(
-        name=d["name"],
-        hbm_bytes=float(d["hbm_mib"]) * 2**20,
+        name=d["name"], hbm_bytes=float(d["hbm_mib"]) * 2**20,
         peak_flops_bf16=float(d["peak_tflops_bf16_dense"]) * 1e12,
         peak_flops_fp8=float(d.get("peak_tflops_fp8_dense") or 0) * 1e12,
         peak_flops_fp4=float(d.get("peak_tflops_fp4_dense") or 0) * 1e12,
         network_bytes_per_s_per_gpu=float(d.get("network_gb_per_s_per_gpu") or 0) * 1e9,
         hbm_bytes_per_s=float(d["hbm_tb_per_s"]) * 1e12,
         nvlink_bytes_per_s=float(d["nvlink_gb_per_s_per_direction"]) * 1e9,
-        pcie_bytes_per_s=float(d["pcie_gb_per_s_per_direction"]) * 1e9,
-        gpus_per_node=int(d["gpus_per_node"]),
-        nvlink_domain=int(d["nvlink_domain"]),
-        family=str(d["family"]),
-        generation=str(d.get("generation") or ""),
-        source=str(d["source"]),
-        server=str(d.get("server") or ""),
-        network=str(d.get("network") or ""),
-        host_memory_bytes=float(d.get("host_memory_gib") or 0) * 2**30,
-    )
+        pcie_bytes_per_s=float(d["pcie_gb_per_s_per_direction"]) * 1e9, gpus_per_node=int(d["gpus_per_node"]),
+        nvlink_domain=int(d["nvlink_domain"]), family=str(d["family"]), generation=str(d.get("generation") or ""),
+        source=str(d["source"]), server=str(d.get("server") or ""), network=str(d.get("network") or ""),
+        host_memory_bytes=float(d.get("host_memory_gib") or 0) * 2**30)
 
 
 def _checked_datasheet(file: str, text: str) -> dict[str, Any]:
@@ -293,11 +286,6 @@ def parse_gpus(
     if host_memory_gib is not None and not (math.isfinite(host_memory_gib) and host_memory_gib > 0):
         raise TunerError(f"--host-memory-gib must be a finite positive number of GiB, got {host_memory_gib:g}")
     return Cluster(
-        gpu=gpu,
-        num_gpus=total,
-        gpus_per_node=per,
-        inter_node_bytes_per_s=inter_node_bytes_per_s,
-        usd_per_gpu_hour=DEFAULT_USD_PER_GPU_HOUR if usd_per_gpu_hour is None else usd_per_gpu_hour,
-        network=net,
-        host_memory_bytes_per_node=gpu.host_memory_bytes if host_memory_gib is None else host_memory_gib * 2**30,
-    )
+        gpu=gpu, num_gpus=total, gpus_per_node=per, inter_node_bytes_per_s=inter_node_bytes_per_s,
+        usd_per_gpu_hour=DEFAULT_USD_PER_GPU_HOUR if usd_per_gpu_hour is None else usd_per_gpu_hour, network=net,
+        host_memory_bytes_per_node=gpu.host_memory_bytes if host_memory_gib is None else host_memory_gib * 2**30)

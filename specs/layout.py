@@ -203,9 +203,7 @@ class Layout:
         # Normalise enums given as strings.
         for name, enum, flag in (
             ("recompute_granularity", RecomputeGranularity, "--recompute"),
-            ("recompute_method", RecomputeMethod, "--recompute-method"),
-            ("dispatcher", Dispatcher, "--dispatcher"),
-        ):
+            ("recompute_method", RecomputeMethod, "--recompute-method"), ("dispatcher", Dispatcher, "--dispatcher")):
             try:
                 object.__setattr__(self, name, enum(getattr(self, name)))
             except ValueError:
@@ -345,30 +343,8 @@ def enum_mask(table: LayoutTable, column: str, enum: type[_E],
 
 #: Column dtypes of a :class:`LayoutTable` (one per Layout field), as ``table[name]`` gives them. ``str``
 #: columns (enum values, the comma-joined recompute modules) are held as codes into categories.
-_COLUMNS: dict[str, Any] = {
-    "world_size": np.int64,
-    "tp": np.int64,
-    "pp": np.int64,
-    "vpp": np.int64,
-    "cp": np.int64,
-    "ep": np.int64,
-    "etp": np.int64,
-    "micro_batch_size": np.int64,
-    "sequence_parallel": np.bool_,
-    "recompute_granularity": str,
-    "recompute_method": str,
-    "recompute_num_layers": np.int64,
-    "recompute_modules": str,
-    "optimizer_offload_fraction": np.float64,
-    "overlap_cpu_optimizer_d2h_h2d": np.bool_,
-    "dispatcher": str,
-    "use_distributed_optimizer": np.bool_,
-    "use_precision_aware_optimizer": np.bool_,
-    "exp_avg_dtype": str,
-    "exp_avg_sq_dtype": str,
-    "num_layers_in_first_pipeline_stage": np.int64,
-    "num_layers_in_last_pipeline_stage": np.int64,
-}
+_COLUMNS: dict[str, Any] = {f.name: {"int": np.int64, "bool": np.bool_, "float": np.float64}.get(str(f.type), str)
+                            for f in dataclasses.fields(Layout)}
 
 #: The string columns of a :class:`LayoutTable`: always held as codes.
 CODED_COLUMNS: tuple[str, ...] = tuple(k for k, v in _COLUMNS.items() if v is str)

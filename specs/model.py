@@ -211,8 +211,7 @@ class ModelSpec:
             )
         if len(self.moe_layer_freq) != self.num_layers:
             raise TunerError(
-                f"model {self.name!r}: moe_layer_freq has {len(self.moe_layer_freq)} entries, needs {self.num_layers}"
-            )
+                f"model {self.name!r}: moe_layer_freq has {len(self.moe_layer_freq)} entries, needs {self.num_layers}")
 
     # ---- derived --------------------------------------------------------------
     @property
@@ -406,9 +405,7 @@ def _unwrap(cfg: dict[str, Any], w: str) -> tuple[dict[str, Any], dict[str, Any]
 _REQUIRED = {
     "hidden_size": ("hidden_size", "n_embd", "d_model"),
     "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "num_attention_heads": ("num_attention_heads", "n_head"),
-    "vocab_size": ("vocab_size",),
-}
+    "num_attention_heads": ("num_attention_heads", "n_head"), "vocab_size": ("vocab_size",)}
 
 
 def _sizes(cfg: dict[str, Any], w: str) -> tuple[dict[str, int], int, Any, Any]:
@@ -554,8 +551,7 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         "kv_lora_rank": _as_int(cfg.get("kv_lora_rank") or 0, "kv_lora_rank", w),
         "qk_head_dim": _as_int(cfg.get("qk_nope_head_dim") or 0, "qk_nope_head_dim", w),
         "qk_pos_emb_head_dim": _as_int(cfg.get("qk_rope_head_dim") or 0, "qk_rope_head_dim", w),
-        "v_head_dim": _as_int(cfg.get("v_head_dim") or 0, "v_head_dim", w),
-    }
+        "v_head_dim": _as_int(cfg.get("v_head_dim") or 0, "v_head_dim", w)}
     if mla["kv_lora_rank"]:
         d = mla["qk_head_dim"] + mla["qk_pos_emb_head_dim"]
         # MLA always normalises its q and kv latents (Megatron: --qk-layernorm with --multi-latent-attention).

@@ -35,12 +35,8 @@ class Precision(str, Enum):
         negligible); MX formats need both a row-wise and a column-wise quantised copy (their scales run along one axis),
         so mxfp8 keeps 2 x (1 + 1/32) B and nvfp4 2 x (0.5 + 1/16) B. bf16: 0."""
         return {
-            Precision.bf16: 0.0,
-            Precision.fp8: 1.0,
-            Precision.fp8_blockwise: 1.0,
-            Precision.mxfp8: 2.0 * (1.0 + 1.0 / 32),
-            Precision.nvfp4: 2.0 * (0.5 + 1.0 / 16),
-        }[self]
+            Precision.bf16: 0.0, Precision.fp8: 1.0, Precision.fp8_blockwise: 1.0,
+            Precision.mxfp8: 2.0 * (1.0 + 1.0 / 32), Precision.nvfp4: 2.0 * (0.5 + 1.0 / 16)}[self]
 
     @property
     def saved_gemm_input_bytes(self) -> float:
@@ -50,9 +46,5 @@ class Precision(str, Enum):
         ``MXFP8Tensor`` / ``NVFP4Tensor``; not measured), bf16 2. fp8 measured on 1 x H200
         (``benchmarks/results/h200_te_2026-12-01/call12/census.jsonl``, ``mm-fp8-delayed``)."""
         return {
-            Precision.bf16: 2.0,
-            Precision.fp8: 1.0,
-            Precision.fp8_blockwise: 1.0,
-            Precision.mxfp8: 1.0 + 1.0 / 32,
-            Precision.nvfp4: 0.5 + 1.0 / 16,
-        }[self]
+            Precision.bf16: 2.0, Precision.fp8: 1.0, Precision.fp8_blockwise: 1.0, Precision.mxfp8: 1.0 + 1.0 / 32,
+            Precision.nvfp4: 0.5 + 1.0 / 16}[self]

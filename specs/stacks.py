@@ -113,26 +113,16 @@ class RunFlags:
 #: off).
 RUN_FLAG_NAMES: dict[str, str] = {
     "accumulate_allreduce_grads_in_fp32": "--accumulate-allreduce-grads-in-fp32",
-    "grad_reduce_in_bf16": "--grad-reduce-in-bf16",
-    "cross_entropy_loss_fusion": "--cross-entropy-loss-fusion",
-    "cross_entropy_fusion_impl": "--cross-entropy-fusion-impl",
-    "cuda_graph_impl": "--cuda-graph-impl",
-    "cuda_graph_scope": "--cuda-graph-scope",
-    "moe_permute_fusion": "--moe-permute-fusion",
-    "fp8_recipe": "--fp8-recipe",
-    "fp8_param_gather": "--fp8-param-gather",
+    "grad_reduce_in_bf16": "--grad-reduce-in-bf16", "cross_entropy_loss_fusion": "--cross-entropy-loss-fusion",
+    "cross_entropy_fusion_impl": "--cross-entropy-fusion-impl", "cuda_graph_impl": "--cuda-graph-impl",
+    "cuda_graph_scope": "--cuda-graph-scope", "moe_permute_fusion": "--moe-permute-fusion",
+    "fp8_recipe": "--fp8-recipe", "fp8_param_gather": "--fp8-param-gather",
     "overlap_grad_reduce": "--overlap-grad-reduce",
-    "overlap_moe_expert_parallel_comm": "--overlap-moe-expert-parallel-comm",
-    "tp_comm_overlap": "--tp-comm-overlap",
-    "moe_router_force_load_balancing": "--moe-router-force-load-balancing",
-    "cp_comm_type": "--cp-comm-type",
-    "use_megatron_fsdp": "--use-megatron-fsdp",
-    "apply_rope_fusion": "--rope-fusion",
-    "bias_swiglu_fusion": "--bias-swiglu-fusion",
-    "transformer_impl": "--transformer-impl",
-    "cpu_offloading_num_layers": "--cpu-offloading-num-layers",
-    "optimizer": "--optimizer",
-}
+    "overlap_moe_expert_parallel_comm": "--overlap-moe-expert-parallel-comm", "tp_comm_overlap": "--tp-comm-overlap",
+    "moe_router_force_load_balancing": "--moe-router-force-load-balancing", "cp_comm_type": "--cp-comm-type",
+    "use_megatron_fsdp": "--use-megatron-fsdp", "apply_rope_fusion": "--rope-fusion",
+    "bias_swiglu_fusion": "--bias-swiglu-fusion", "transformer_impl": "--transformer-impl",
+    "cpu_offloading_num_layers": "--cpu-offloading-num-layers", "optimizer": "--optimizer"}
 
 
 def _spell(name: str, value: Any) -> str:

@@ -90,9 +90,5 @@ def rank_arrays(model: ModelSpec, t: LayoutTable) -> RankArrays:
             blk[u, k_] = [np.minimum(chunks, N).sum() for N in range(nmax + 1)]
     rnl = np.clip(t["recompute_num_layers"], 1, nmax)
     return RankArrays(
-        rank=rep[inv],
-        layers=nl[inv],
-        moe=nm[inv],
-        count=cnt[inv],
-        block_layers=blk[inv[:, None], np.arange(K)[None, :], rnl[:, None]],
-    )
+        rank=rep[inv], layers=nl[inv], moe=nm[inv], count=cnt[inv],
+        block_layers=blk[inv[:, None], np.arange(K)[None, :], rnl[:, None]])
