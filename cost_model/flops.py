@@ -26,23 +26,19 @@ def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
     n_moe = model.num_moe_layers + (mtp if last_is_moe else 0)
     n_dense = model.num_dense_layers + (0 if last_is_moe else mtp)
     layers = model.num_layers + mtp
-    mlp = 6 * h * (
-        model.ffn_hidden_size * mats * n_dense
-        + model.moe_ffn_hidden_size * model.moe_router_topk * mats * n_moe
-        + model.moe_shared_expert_intermediate_size * mats * n_moe
-    )
+    mlp = 6 * h * (model.ffn_hidden_size * mats * n_dense
+                   + model.moe_ffn_hidden_size * model.moe_router_topk * mats * n_moe
+                   + model.moe_shared_expert_intermediate_size * mats * n_moe)
     if model.is_mla:
         qk = model.qk_head_dim + model.qk_pos_emb_head_dim
         if model.q_lora_rank:
             q_term = model.q_lora_rank * (h + n * qk + 1)
         else:
             q_term = h * n * qk
-        attn_lin = 6 * (
-            q_term
-            + model.kv_lora_rank * (h + n * (model.qk_head_dim + model.v_head_dim) + 1)
-            + h * model.qk_pos_emb_head_dim
-            + n * model.v_head_dim * h
-        )
+        attn_lin = 6 * (q_term
+                        + model.kv_lora_rank * (h + n * (model.qk_head_dim + model.v_head_dim) + 1)
+                        + h * model.qk_pos_emb_head_dim
+                        + n * model.v_head_dim * h)
         attn_core_per_s = 6 * (n * qk / 2 + n * model.v_head_dim / 2)
     else:
         q, kv = d * n, d * g

@@ -405,10 +405,8 @@ def _read_csv(p: Path) -> tuple[list[dict[Any, Any]], list[str]]:
                          "names each column once (the reader would keep only the last)")
     missing = [c for c in REQUIRED_COLUMNS if c not in cols]
     if missing:
-        raise TunerError(
-            f"--data {str(p)!r}: missing column(s) {', '.join(missing)}; a run table needs "
-            f"{', '.join(REQUIRED_COLUMNS)} and tokens_per_s_per_gpu or model_tflops_per_gpu"
-        )
+        raise TunerError(f"--data {str(p)!r}: missing column(s) {', '.join(missing)}; a run table needs "
+                         f"{', '.join(REQUIRED_COLUMNS)} and tokens_per_s_per_gpu or model_tflops_per_gpu")
     if "tokens_per_s_per_gpu" not in cols and "model_tflops_per_gpu" not in cols:
         raise TunerError(f"--data {str(p)!r}: needs a tokens_per_s_per_gpu or model_tflops_per_gpu column")
     return table, cols

@@ -60,10 +60,8 @@ def _stage_layer_counts(num_layers: int, pp: int, vpp: int, first: int, last: in
             raise fail(f"even split: num_layers ({num_layers}) is not a multiple of pp ({pp})")
         per_rank = num_layers // pp
         if per_rank % vpp:
-            raise fail(
-                f"even split: {per_rank} layers per pipeline rank (num_layers {num_layers} / pp {pp}) "
-                f"is not a multiple of vpp ({vpp}); use an uneven split (first/last) instead"
-            )
+            raise fail(f"even split: {per_rank} layers per pipeline rank (num_layers {num_layers} / pp {pp}) "
+                       f"is not a multiple of vpp ({vpp}); use an uneven split (first/last) instead")
         return tuple((per_rank // vpp,) * vpp for _ in range(pp))
     if pp == 1:
         raise fail(f"pp is 1, so first ({first}) and last ({last}) must be 0 (slime: they must be unset)")
@@ -77,31 +75,23 @@ def _stage_layer_counts(num_layers: int, pp: int, vpp: int, first: int, last: in
         n_mid = pp - len(given)
         rest = num_layers - sum(given)
         if rest <= 0:
-            raise fail(
-                f"first ({first}) + last ({last}) leaves {rest} layers of num_layers ({num_layers}) "
-                f"for the other {n_mid} pipeline ranks"
-            )
+            raise fail(f"first ({first}) + last ({last}) leaves {rest} layers of num_layers ({num_layers}) "
+                       f"for the other {n_mid} pipeline ranks")
         if rest % n_mid:
-            raise fail(
-                f"the {rest} layers left by first ({first}) and last ({last}) do not divide evenly over the "
-                f"other {n_mid} pipeline ranks (num_layers {num_layers}, pp {pp})"
-            )
+            raise fail(f"the {rest} layers left by first ({first}) and last ({last}) do not divide evenly over the "
+                       f"other {n_mid} pipeline ranks (num_layers {num_layers}, pp {pp})")
         m = rest // n_mid
     if m % vpp:
-        raise fail(
-            f"a middle pipeline rank holds {m} layers (num_layers {num_layers}, pp {pp}, first {first}, "
-            f"last {last}), which is not a multiple of vpp ({vpp})"
-        )
+        raise fail(f"a middle pipeline rank holds {m} layers (num_layers {num_layers}, pp {pp}, first {first}, "
+                   f"last {last}), which is not a multiple of vpp ({vpp})")
     c = m // vpp
     d_f = m - first if first else 0
     d_l = m - last if last else 0
     for name, val, d in (("first", first, d_f), ("last", last, d_l)):
         if not 0 <= d <= c:
-            raise fail(
-                f"{name} ({val}) must lie between {m - c} and {m}: with {m} layers on a middle rank and "
-                f"vpp {vpp} a chunk holds {c} layers, and the {name} rank may lack at most one chunk's worth "
-                f"(deficit {d})"
-            )
+            raise fail(f"{name} ({val}) must lie between {m - c} and {m}: with {m} layers on a middle rank and "
+                       f"vpp {vpp} a chunk holds {c} layers, and the {name} rank may lack at most one chunk's worth "
+                       f"(deficit {d})")
     rows: list[tuple[int, ...]] = []
     for rank in range(pp):
         chunks = [c] * vpp
@@ -195,11 +185,9 @@ def parse_layout_string(text: str, pp: int) -> list[list[str]]:
     bad = sorted({ch for ch in text if ch not in _GRAMMAR_CHARS}, key=text.index)
     if bad:
         shown = ", ".join(repr(ch) for ch in bad)
-        raise _syntax_error(
-            text,
-            f"invalid characters {shown} at position {text.index(bad[0])}; only E, t, m, L, '|', "
-            "'(...)*n', 'x*n' and ',' are allowed, with no whitespace",
-        )
+        raise _syntax_error(text,
+                            f"invalid characters {shown} at position {text.index(bad[0])}; only E, t, m, L, '|', "
+                            "'(...)*n', 'x*n' and ',' are allowed, with no whitespace")
     depth = 0
     for pos, ch in enumerate(text):
         if ch == "(":
@@ -273,10 +261,8 @@ def layer_counts_from_string(text: str, pp: int, num_layers: int, mtp_num_layers
             if v != vpp - 1:
                 raise fail(f"m in pp rank {p}, vpp stage {v}: MTP layers must be in the last vpp stage of a rank")
             if stage.count("m") != mtp_num_layers:
-                raise fail(
-                    f"pp rank {p}'s last stage holds {stage.count('m')} of the {mtp_num_layers} MTP layers; "
-                    "all of them must be in the same stage"
-                )
+                raise fail(f"pp rank {p}'s last stage holds {stage.count('m')} of the {mtp_num_layers} MTP layers; "
+                           "all of them must be in the same stage")
     for i, stage in enumerate(stages):
         if not stage:
             raise fail(

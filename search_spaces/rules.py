@@ -71,11 +71,9 @@ def check_layout(layout: Layout, model: ModelSpec, workload: Workload,
 
     Returns: ``[(rule_id, reason), ...]`` in check order; empty when the layout is valid."""
     table = LayoutTable.from_layouts([layout])
-    return [
-        (rule.id, rule.explain(layout, model, workload, env))
-        for rule in RULES
-        if not bool(rule.check(table, model, workload, env)[0])
-    ]
+    return [(rule.id, rule.explain(layout, model, workload, env))
+            for rule in RULES
+            if not bool(rule.check(table, model, workload, env)[0])]
 
 
 def run_option_problems(model: ModelSpec, workload: Workload, env: RuleEnv) -> list[tuple[str, str]]:

@@ -87,10 +87,8 @@ class RecomputeOption:
             raise TunerError(f"{where}: granularity must be one of none, selective, full; got {gran!r}")
         unknown = set(entry) - accepted[gran]
         if unknown:
-            raise TunerError(
-                f"{where}: unknown keys {sorted(map(str, unknown))} for granularity {gran}; "
-                f"accepted: {sorted(accepted[gran])}"
-            )
+            raise TunerError(f"{where}: unknown keys {sorted(map(str, unknown))} for granularity {gran}; "
+                             f"accepted: {sorted(accepted[gran])}")
         if gran == "none":
             return [RecomputeOption()]
         if gran == "selective":
@@ -108,10 +106,8 @@ class RecomputeOption:
         if method not in ("uniform", "block"):
             raise TunerError(f"{where}: full recompute needs method uniform or block, got {method!r}")
         counts = _ints(entry.get("num_layers"), f"{where}.num_layers")
-        return [
-            RecomputeOption(granularity=RecomputeGranularity.full, method=RecomputeMethod(method), num_layers=n)
-            for n in counts
-        ]
+        return [RecomputeOption(granularity=RecomputeGranularity.full, method=RecomputeMethod(method), num_layers=n)
+                for n in counts]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -393,15 +389,11 @@ def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str], env: Rul
         if opt not in rec:
             rec.append(opt)
     if dropped:
-        notes.append(
-            f"recompute modules {sorted(dropped)} have nothing to recompute in model {model.name!r} and were "
-            "dropped from the selective options (options left empty were removed)"
-        )
+        notes.append(f"recompute modules {sorted(dropped)} have nothing to recompute in model {model.name!r} and were "
+                     "dropped from the selective options (options left empty were removed)")
     if not rec:
-        raise TunerError(
-            f"the search space's recompute options leave nothing to try for model {model.name!r}; "
-            f"accepted modules for it: {', '.join(sorted(allowed))}"
-        )
+        raise TunerError(f"the search space's recompute options leave nothing to try for model {model.name!r}; "
+                         f"accepted modules for it: {', '.join(sorted(allowed))}")
 
     pipe_pp: list[int] = []
     pipe_first: list[int] = []
@@ -413,25 +405,21 @@ def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str], env: Rul
             pipe_last.append(last)
 
     return [
-        _dim(
-            "pipeline",
-            {
-                "pp": pipe_pp, "num_layers_in_first_pipeline_stage": pipe_first,
-                "num_layers_in_last_pipeline_stage": pipe_last},
-        ),
+        _dim("pipeline",
+             {
+                 "pp": pipe_pp, "num_layers_in_first_pipeline_stage": pipe_first,
+                 "num_layers_in_last_pipeline_stage": pipe_last}),
         _dim("tp", {"tp": space.tp, "sequence_parallel": [t > 1 for t in space.tp]}),
         _dim("cp", {"cp": space.cp}),
         _dim("ep", {"ep": ep}),
         _dim("etp", {"etp": etp}),
         _dim("micro_batch_size", {"micro_batch_size": space.micro_batch_size}),
         _dim("vpp", {"vpp": space.vpp}),
-        _dim(
-            "recompute",
-            {
-                "recompute_granularity": [r.granularity.value for r in rec],
-                "recompute_method": [r.method.value for r in rec], "recompute_num_layers": [r.num_layers for r in rec],
-                "recompute_modules": [",".join(r.modules) for r in rec]},
-        ),
+        _dim("recompute",
+             {
+                 "recompute_granularity": [r.granularity.value for r in rec],
+                 "recompute_method": [r.method.value for r in rec], "recompute_num_layers": [r.num_layers for r in rec],
+                 "recompute_modules": [",".join(r.modules) for r in rec]}),
         _dim("optimizer_offload_fraction", {"optimizer_offload_fraction": space.optimizer_offload_fraction}),
         _dim("overlap_cpu_optimizer_d2h_h2d", {"overlap_cpu_optimizer_d2h_h2d": space.overlap_cpu_optimizer_d2h_h2d}),
         _dim("use_distributed_optimizer", {"use_distributed_optimizer": distopt}),

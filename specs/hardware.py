@@ -244,10 +244,8 @@ def parse_gpus(
     shown = repr(text) if len(text or "") <= 80 else repr(text[:77] + "...")
     m = _GPUS_RE.fullmatch(text or "")
     if not m:
-        raise TunerError(
-            f"{name} {shown}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
-            f"(GPUs: {', '.join(list_gpus())})"
-        )
+        raise TunerError(f"{name} {shown}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
+                         f"(GPUs: {', '.join(list_gpus())})")
     nodes = int(m.group(1)) if m.group(1) is not None else None
     count, gname = int(m.group(2)), m.group(3)
     try:

@@ -166,10 +166,8 @@ class ModelSpec:
             raise TunerError(f"model {self.name!r}: rms_norm_eps and rope_theta must be > 0 and the rotary share in "
                              "(0, 1]")
         if self.num_experts and (self.moe_router_topk <= 0 or self.moe_ffn_hidden_size <= 0):
-            raise TunerError(
-                f"model {self.name!r}: a MoE model needs moe_router_topk and moe_ffn_hidden_size > 0 "
-                f"(got {self.moe_router_topk}, {self.moe_ffn_hidden_size})"
-            )
+            raise TunerError(f"model {self.name!r}: a MoE model needs moe_router_topk and moe_ffn_hidden_size > 0 "
+                             f"(got {self.moe_router_topk}, {self.moe_ffn_hidden_size})")
         if self.rope_scaling_type == "yarn" and not (0 < self.rope_scaling_beta_slow <= self.rope_scaling_beta_fast
                                                      and 0 < self.rope_scaling_factor):
             raise TunerError(f"model {self.name!r}: YaRN rope_scaling needs 0 < beta_slow <= beta_fast and 0 < factor, "
@@ -199,10 +197,8 @@ class ModelSpec:
         if self.activation_func_clamp_value < 0:
             raise TunerError(f"model {self.name!r}: activation_func_clamp_value (HF swiglu_limit) must be >= 0 (0: no "
                              f"clamp), got {self.activation_func_clamp_value!r}")
-        if self.window_attn_skip_freq and (
-            len(self.window_attn_skip_freq) != self.num_layers
-            or any(x not in (0, 1) for x in self.window_attn_skip_freq)
-        ):
+        if self.window_attn_skip_freq and (len(self.window_attn_skip_freq) != self.num_layers
+                                           or any(x not in (0, 1) for x in self.window_attn_skip_freq)):
             bad = [x for x in self.window_attn_skip_freq if x not in (0, 1)]
             raise TunerError(
                 f"model {self.name!r}: window_attn_skip_freq needs {self.num_layers} entries, each 0 (sliding window) "
@@ -360,14 +356,12 @@ def _yarn_details(rs: dict[str, Any], cfg: dict[str, Any], where: str) -> dict[s
     ``max_position_embeddings``), ``beta_fast`` (32) and ``beta_slow`` (1) when absent or null, ``truncate`` (true).
 
     Raises TunerError: a value of the wrong type (``truncate`` is checked by :class:`ModelSpec`)."""
-    return {
-        "rope_scaling_original_max_position_embeddings": _as_int(
-            _first(rs, "original_max_position_embeddings", default=cfg.get("max_position_embeddings") or 0),
-            "rope_scaling.original_max_position_embeddings", where),
-        "rope_scaling_beta_fast": _as_float(_first(rs, "beta_fast", default=32.0), "rope_scaling.beta_fast", where),
-        "rope_scaling_beta_slow": _as_float(_first(rs, "beta_slow", default=1.0), "rope_scaling.beta_slow", where),
-        "rope_scaling_truncate": _first(rs, "truncate", default=True),
-    }
+    return {"rope_scaling_original_max_position_embeddings": _as_int(
+                _first(rs, "original_max_position_embeddings", default=cfg.get("max_position_embeddings") or 0),
+                "rope_scaling.original_max_position_embeddings", where),
+            "rope_scaling_beta_fast": _as_float(_first(rs, "beta_fast", default=32.0), "rope_scaling.beta_fast", where),
+            "rope_scaling_beta_slow": _as_float(_first(rs, "beta_slow", default=1.0), "rope_scaling.beta_slow", where),
+            "rope_scaling_truncate": _first(rs, "truncate", default=True)}
 
 
 def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
@@ -425,11 +419,9 @@ def _sizes(cfg: dict[str, Any], w: str) -> tuple[dict[str, int], int, Any, Any]:
     if num_experts and _first(cfg, "num_experts_per_tok", "moe_topk", "top_k") is None:
         missing.append("num_experts_per_tok")
     if missing:
-        raise TunerError(
-            f"model config {w!r} is missing {', '.join(missing)}; a Hugging Face config.json with "
-            "hidden_size, num_hidden_layers, num_attention_heads, vocab_size and intermediate_size "
-            "(plus num_local_experts/num_experts_per_tok for MoE) is accepted"
-        )
+        raise TunerError(f"model config {w!r} is missing {', '.join(missing)}; a Hugging Face config.json with "
+                         "hidden_size, num_hidden_layers, num_attention_heads, vocab_size and intermediate_size "
+                         "(plus num_local_experts/num_experts_per_tok for MoE) is accepted")
     for k, v in vals.items():
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise TunerError(f"model config {w!r}: {k} must be a positive integer, got {v!r}")
@@ -650,9 +642,7 @@ def load_model(name_or_path: str, *, allow_config_args: bool = False) -> ModelSp
     if key is None:
         close = difflib.get_close_matches(name_or_path.lower(), list(by_lower), n=3, cutoff=0.4)
         hint = f" Did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
-        raise TunerError(
-            f"--model {name_or_path!r}: unknown model.{hint} Known presets: {', '.join(sorted(files))}; "
-            "or give the path of a Hugging Face config.json."
-        )
+        raise TunerError(f"--model {name_or_path!r}: unknown model.{hint} Known presets: {', '.join(sorted(files))}; "
+                         "or give the path of a Hugging Face config.json.")
     cfg = json.loads(files[key].read_text())
     return model_from_hf_config(cfg, name=key)

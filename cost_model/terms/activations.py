@@ -232,11 +232,9 @@ def saved_attention_bytes(c: TableContext) -> Array:
     megatron-core multi_latent_attention.py ``recompute_up_proj``)."""
     norm = norm_bytes(c) if input_norm_separate(c) else np.zeros_like(c.tokens)
     up = BF16_BYTES * c.tokens * c.dims.expanded_qkv_dim / col(c.tp)
-    return (
-        np.where(c.recomputes("core_attn"), core_attention_bytes(c), 0)
-        + np.where(c.recomputes("layernorm"), norm, 0)
-        + np.where(c.recomputes("mla_up_proj"), up, 0)
-    )
+    return (np.where(c.recomputes("core_attn"), core_attention_bytes(c), 0)
+            + np.where(c.recomputes("layernorm"), norm, 0)
+            + np.where(c.recomputes("mla_up_proj"), up, 0))
 
 
 def saved_moe_bytes(c: TableContext, moe_block: Array, copies: Array) -> Array:

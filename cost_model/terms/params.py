@@ -23,11 +23,9 @@ def decoder_layer_params(c: TableContext) -> Array:
     (theoretical_memory_usage.py ``tp_sharded_block`` / ``replicated_block``)."""
     m = c.dims
     tp = col(c.tp)
-    return (
-        c.layers * (m.attention_params / tp + m.layer_norm_params)
-        + c.dense_layers * (m.dense_mlp_params / tp)
-        + c.moe_layers * (m.shared_expert_params / tp + m.router_params)
-    )
+    return (c.layers * (m.attention_params / tp + m.layer_norm_params)
+            + c.dense_layers * (m.dense_mlp_params / tp)
+            + c.moe_layers * (m.shared_expert_params / tp + m.router_params))
 
 
 def embedding_params(c: TableContext) -> Array:
