@@ -87,17 +87,10 @@ def _active(batch: RunBatch, start: Calibration, names: Sequence[str],
     return out
 
 
-def fit_calibration(
-    runs: Sequence[Run],
-    *,
-    start: Calibration = BASE_CALIBRATION,
-    names: Sequence[str] | None = None,
-    max_nfev: int = 60,
-    progress: Callable[[str], None] | None = None,
-    bounds: Mapping[str, tuple[float, float]] | None = None,
-    probe_range: bool = False,
-    release_gain: float | None = None,
-) -> FitResult:
+def fit_calibration(runs: Sequence[Run], *, start: Calibration = BASE_CALIBRATION, names: Sequence[str] | None = None,
+                    max_nfev: int = 60, progress: Callable[[str], None] | None = None,
+                    bounds: Mapping[str, tuple[float, float]] | None = None, probe_range: bool = False,
+                    release_gain: float | None = None) -> FitResult:
     """Fit the constants of :data:`FIT_BOUNDS` (or ``bounds``: :data:`TRIAL_FIT_BOUNDS` for real trials on other stacks)
     to the representable ``runs``; ``start`` gives the starting values and those of constants not fitted, ``names``
     limits the constants considered. ``probe_range`` decides which constants the data can move by probing across their
@@ -152,15 +145,9 @@ def fit_calibration(
                      cost=float(sol.cost), nfev=int(sol.nfev))
 
 
-def kfold_by_model(
-    runs: Sequence[Run],
-    *,
-    start: Calibration = BASE_CALIBRATION,
-    max_nfev: int = 60,
-    progress: Callable[[str], None] | None = None,
-    processes: int = 1,
-    models: Sequence[str] | None = None,
-) -> dict[str, dict[str, Any]]:
+def kfold_by_model(runs: Sequence[Run], *, start: Calibration = BASE_CALIBRATION, max_nfev: int = 60,
+                   progress: Callable[[str], None] | None = None, processes: int = 1,
+                   models: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     """Out-of-model error: for each model, fit on the other models' runs and predict this one's.
 
     ``models`` limits the folds to those models (each still fitted on every other model's runs); None: every model.
@@ -340,16 +327,11 @@ def _fit_memory(runs: Sequence[Run], measured: np.ndarray, start: Calibration, n
     return cal, tuple(act), float(np.median(np.abs(peak(cal) / measured - 1)))
 
 
-def fit_observations(
-    obs: Sequence[Observation],
-    *,
-    start: Calibration = BASE_CALIBRATION,
-    step_names: Sequence[str] | None = TRIAL_STEP_NAMES,
-    memory_names: Sequence[str] | None = tuple(MEMORY_FIT_BOUNDS),
-    bounds: Mapping[str, tuple[float, float]] = TRIAL_FIT_BOUNDS,
-    max_nfev: int = 200,
-    progress: Callable[[str], None] | None = None,
-) -> ObservationFit:
+def fit_observations(obs: Sequence[Observation], *, start: Calibration = BASE_CALIBRATION,
+                     step_names: Sequence[str] | None = TRIAL_STEP_NAMES,
+                     memory_names: Sequence[str] | None = tuple(MEMORY_FIT_BOUNDS),
+                     bounds: Mapping[str, tuple[float, float]] = TRIAL_FIT_BOUNDS, max_nfev: int = 200,
+                     progress: Callable[[str], None] | None = None) -> ObservationFit:
     """Fit step-time constants (``step_names``, within ``bounds``) to the observations' step times, then memory
     constants (``memory_names`` of :data:`MEMORY_FIT_BOUNDS`) to their peaks; None or empty skips a fit. Observations
     without a step time (peak) are left out of that fit. The step fit is :func:`fit_calibration` on the observations as

@@ -223,9 +223,8 @@ def _build_plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> 
                  slot=tuple(slot))
 
 
-def _times(
-    plan: _Plan, forward_s: list[list[float]], backward_s: list[list[float]], p2p_s: float
-) -> tuple[list[float], list[float]]:
+def _times(plan: _Plan, forward_s: list[list[float]], backward_s: list[list[float]],
+           p2p_s: float) -> tuple[list[float], list[float]]:
     """(start, end) seconds of every operation of ``plan``: an operation starts when its rank is free and its
     dependency has ended (plus ``p2p_s`` across a stage boundary)."""
     n = len(plan.ops)
@@ -249,16 +248,9 @@ def _check_tables(pp: int, vpp: int, forward_s: list[list[float]], backward_s: l
         raise TunerError(f"pipeline simulation: durations must be pp x vpp = {pp} x {vpp} tables")
 
 
-def simulate_pipeline(
-    pp: int,
-    vpp: int,
-    num_microbatches: int,
-    forward_s: list[list[float]],
-    backward_s: list[list[float]],
-    *,
-    p2p_s: float = 0.0,
-    group: int | None = None,
-) -> list[ScheduledOp]:
+def simulate_pipeline(pp: int, vpp: int, num_microbatches: int, forward_s: list[list[float]],
+                      backward_s: list[list[float]], *, p2p_s: float = 0.0,
+                      group: int | None = None) -> list[ScheduledOp]:
     """Time every rank's operations in Megatron's order: every operation with its start and end (seconds), rank by rank
     in execution order. ``forward_s[rank][chunk]`` and ``backward_s`` (recompute included) are seconds of one
     micro-batch; ``p2p_s`` is the transfer from an operation to the dependent one on the next (forward) or previous
@@ -274,16 +266,8 @@ def simulate_pipeline(
             for r, idx in enumerate(plan.by_rank) for i in idx]
 
 
-def pipeline_makespan(
-    pp: int,
-    vpp: int,
-    num_microbatches: int,
-    forward_s: list[list[float]],
-    backward_s: list[list[float]],
-    *,
-    p2p_s: float = 0.0,
-    group: int | None = None,
-) -> float:
+def pipeline_makespan(pp: int, vpp: int, num_microbatches: int, forward_s: list[list[float]],
+                      backward_s: list[list[float]], *, p2p_s: float = 0.0, group: int | None = None) -> float:
     """The end of the last operation of :func:`simulate_pipeline` (seconds from the step's start), without
     building its operation list; above :data:`FULL_SIMULATION_MICROBATCHES` micro-batches extrapolated from a
     bounded simulation once it is in its steady state (see the module's docstring).

@@ -189,15 +189,8 @@ def _sum_tables(tables: list[Table]) -> Table:
     return tuple(tuple(sum(t[r][v] for t in tables) for v in range(len(tables[0][r]))) for r in range(len(tables[0])))
 
 
-def chunk_times(
-    c: TableContext,
-    per_microbatch: PerMicrobatch,
-    copies: Array,
-    model: ModelSpec,
-    layout: Layout,
-    *,
-    hidden: bool = False,
-) -> ChunkTimes:
+def chunk_times(c: TableContext, per_microbatch: PerMicrobatch, copies: Array, model: ModelSpec, layout: Layout, *,
+                hidden: bool = False) -> ChunkTimes:
     """Forward and backward seconds of every (pipeline rank, virtual chunk) of ``layout``, by part, as a
     :class:`ChunkTimes`; with ``hidden`` also what the overlaps hide.
 

@@ -121,9 +121,8 @@ def _compress_stage(symbols: str) -> str:
     return "".join(out)
 
 
-def emit_layout_string(
-    num_layers: int, pp: int, vpp: int, first: int = 0, last: int = 0, mtp_num_layers: int = 0
-) -> str:
+def emit_layout_string(num_layers: int, pp: int, vpp: int, first: int = 0, last: int = 0,
+                       mtp_num_layers: int = 0) -> str:
     """The compressed ``--pipeline-model-parallel-layout`` string of a split (``first`` / ``last`` as in
     :func:`stage_layer_counts`; ``mtp_num_layers`` placed in the last stage before ``L``).
 

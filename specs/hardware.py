@@ -222,17 +222,9 @@ class Cluster:
 _GPUS_RE = re.compile(r"\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*[xX*]\s*([A-Za-z][A-Za-z0-9_-]*)\s*", re.ASCII)
 
 
-def parse_gpus(
-    text: str,
-    *,
-    gpus_per_node: int | None = None,
-    inter_node_bytes_per_s: float | None = None,
-    usd_per_gpu_hour: float | None = None,
-    network: str | None = None,
-    host_memory_gib: float | None = None,
-    require_network: bool = False,
-    name: str = "--gpus",
-) -> Cluster:
+def parse_gpus(text: str, *, gpus_per_node: int | None = None, inter_node_bytes_per_s: float | None = None,
+               usd_per_gpu_hour: float | None = None, network: str | None = None, host_memory_gib: float | None = None,
+               require_network: bool = False, name: str = "--gpus") -> Cluster:
     """Parse ``64xH200`` (GPUs) or ``8x8xH200`` (nodes x GPUs per node); ``name`` is what messages call the text.
 
     ``network`` names the scale-out fabric (:func:`specs.network.load_network`; default the GPU's server type's); the

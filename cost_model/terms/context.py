@@ -284,14 +284,8 @@ def _dtype_bytes(table: LayoutTable, column: str) -> Array:
     return out
 
 
-def build_context(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    table: LayoutTable,
-    calibration: Calibration,
-    options: RunOptions,
-) -> TableContext:
+def build_context(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable, calibration: Calibration,
+                  options: RunOptions) -> TableContext:
     """The :class:`TableContext` of ``table``.
 
     Raises TunerError: a precision the GPU has no tensor cores for."""

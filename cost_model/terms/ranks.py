@@ -19,9 +19,8 @@ Array = npt.NDArray[np.float64]
 
 
 @lru_cache(maxsize=4096)
-def rank_classes(
-    moe_layer_freq: tuple[int, ...], pp: int, vpp: int, first: int, last: int
-) -> tuple[tuple[int, int, int, int, tuple[int, ...]], ...]:
+def rank_classes(moe_layer_freq: tuple[int, ...], pp: int, vpp: int, first: int,
+                 last: int) -> tuple[tuple[int, int, int, int, tuple[int, ...]], ...]:
     """Pipeline ranks grouped into classes that have the same layers.
 
     Layers are assigned in execution order, stage ``i = v*pp + r`` (Megatron's VPP-major layout), so a model whose first

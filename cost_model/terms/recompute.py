@@ -37,9 +37,8 @@ def attention_forward_time(c: TableContext, linear: Array, core: Array, elementw
             + unfused_rope * c.cal.unfused_mla_rope_forward_share)
 
 
-def moe_forward_time(
-    c: TableContext, experts: Array, router: Array, shared: Array, elementwise: Array, tp: Array, ep_forward: Array
-) -> Array:
+def moe_forward_time(c: TableContext, experts: Array, router: Array, shared: Array, elementwise: Array, tp: Array,
+                     ep_forward: Array) -> Array:
     """One forward of a MoE layer's MLP side: experts + router + shared experts + the forward share of the
     MoE memory-bound work + forward TP collectives + the forward EP time (all-to-alls and fixed costs).
 
