@@ -187,8 +187,6 @@ def _finite(x: float) -> bool:
     return isinstance(x, float) and math.isfinite(x)
 
 
-# ---- real trials: step time and peak memory --------------------------------------------------
-
 #: Bounds for fits to real trials: :data:`FIT_BOUNDS` plus NCCL all-to-all's NVLink efficiency, with the fixed per-call
 #: costs allowed to be much larger (a stack without Transformer Engine loops over local experts in Python, and pays
 #: launch latency for every unfused kernel) and the rows-per-expert constant free.

@@ -21,7 +21,6 @@ from specs.errors import TunerError
 class Calibration:
     """Efficiency constants (fractions of a datasheet peak) and fixed overheads (bytes, seconds)."""
 
-    # ---- compute ------------------------------------------------------------------
     gemm_efficiency: float = 0.70
     """Achieved fraction of dense peak for large bf16 GEMMs in training (attention projections, dense MLP, output
     layer). cuBLAS reaches ~790 TFLOP/s = 0.80 of 989 on a lone large bf16 GEMM on H200 (/work/.library device notes);
@@ -143,7 +142,6 @@ class Calibration:
     **Set from one measurement**: 1 x H200, MiniMax-M2 1-layer slice, fp8 delayed, 256 local experts: 1.298 s per step
     against 1.089 s predicted without it, over 8 x 6 x 256 expert GEMMs (``mm-fp8-delayed``,
     ``benchmarks/results/h200_te_2026-12-01``). Not fitted (published runs cannot separate it from the fp8 GEMMs)."""
-    # ---- communication ------------------------------------------------------------
     nvlink_efficiency: float = 0.75
     """Achieved fraction of NVLink per-direction bandwidth by NCCL ring collectives
     (nccl-tests bus bandwidth ~360 of 450 GB/s on H100 SXM)."""
@@ -186,7 +184,6 @@ class Calibration:
     Fitted separately from :attr:`cuda_graph_overhead_factor` (the published rows run both kinds)."""
     pp_p2p_overlap: float = 0.8
     """Fraction of pipeline send/recv time hidden (overlap_p2p_comm is on by default with VPP)."""
-    # ---- optimizer and offload ----------------------------------------------------
     optimizer_bytes_per_param: float = 32.0
     """HBM bytes moved per parameter by the fused Adam step on the GPU (read p,g,m,v; write p,m,v)."""
     cpu_adam_params_per_s_per_node: float = 2.0e9
@@ -203,7 +200,6 @@ class Calibration:
     """Achieved fraction of PCIe bandwidth for pinned host<->device copies."""
     offload_overlap: float = 0.3
     """Fraction of the offload copies hidden by --overlap-cpu-optimizer-d2h-h2d."""
-    # ---- memory -------------------------------------------------------------------
     cuda_context_bytes: float = 0.75 * 2**30
     """CUDA context and cuBLAS/cuDNN workspaces per process (~0.5-1 GiB on Hopper)."""
     nccl_bytes_per_communicator: float = 0.2 * 2**30

@@ -27,9 +27,6 @@ _CHAR_RE = re.compile(r"(.)\*(\d+)")
 _GRAMMAR_CHARS = frozenset("EtmL|()*,0123456789")
 
 
-# --------------------------------------------------------------------------- splits
-
-
 def stage_layer_counts(num_layers: int, pp: int, vpp: int, first: int = 0, last: int = 0) -> list[list[int]]:
     """Decoder layers per pipeline rank and virtual chunk, ``counts[pp_rank][vpp_rank]`` (``pp`` lists of ``vpp`` ints
     summing to ``num_layers``, MTP excluded).
@@ -104,9 +101,6 @@ def _stage_layer_counts(num_layers: int, pp: int, vpp: int, first: int, last: in
     return tuple(rows)
 
 
-# --------------------------------------------------------------------------- emit
-
-
 def _compress_stage(symbols: str) -> str:
     """Run-length code one stage: a run of 3 or more equal symbols becomes ``x*n``."""
     out: list[str] = []
@@ -157,9 +151,6 @@ def emit_layout_string(num_layers: int, pp: int, vpp: int, first: int = 0, last:
         i = j
     parts.append(final)
     return "".join(parts)
-
-
-# --------------------------------------------------------------------------- parse
 
 
 def _syntax_error(text: str, reason: str) -> InfeasibleLayout:

@@ -159,9 +159,6 @@ def options_rule(id: str) -> Callable[[Callable[[ModelSpec, RuleEnv], str | None
     return register
 
 
-# --------------------------------------------------------------------------- helpers
-
-
 def _b(values: Any) -> BoolArray:
     """A rule's result as a bool array."""
     return np.asarray(values, dtype=np.bool_)

@@ -21,8 +21,6 @@ from search_spaces.rule_base import (
 from specs import ModelSpec, RunOptions, Workload
 from specs.layout import Dispatcher, Layout, LayoutTable, enum_mask
 
-# --------------------------------------------------------------------------- parallel sizes
-
 
 def _world_tp_pp_cp_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     prod = lay.tp * lay.pp * lay.cp
@@ -196,9 +194,6 @@ def _sp_seq(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     return _b(~t["sequence_parallel"] | (w.seq_length % (t["cp"] * t["tp"]) == 0))
 
 
-# --------------------------------------------------------------------------- batch and pipeline
-
-
 def _batch_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     if lay.world_size % (lay.tp * lay.pp * lay.cp):
         return (f"dp = world_size/(tp*pp*cp) = {lay.world_size}/{lay.tp * lay.pp * lay.cp} is not a whole number, so "
@@ -266,9 +261,6 @@ def _interleaved(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     nmb = w.global_batch_size // np.maximum(step, 1)
     sched_ok = ~defined | ((nmb >= pp) & (nmb % pp == 0))
     return _b((vpp == 1) | ((pp > 1) & sched_ok))
-
-
-# --------------------------------------------------------------------------- recompute
 
 
 def _recompute_full_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
@@ -382,9 +374,6 @@ def _recompute_modules(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     grouped GEMM, which the tuner always uses for MoE)."""
     allowed = set(applicable_recompute_modules(m))
     return t.where("recompute_modules", lambda s: all(x in allowed for x in s.split(",") if x))
-
-
-# --------------------------------------------------------------------------- optimizer and dispatcher
 
 
 def _offload_x(lay: Layout, m: ModelSpec, w: Workload) -> str:

@@ -37,7 +37,6 @@ __all__ = [
     "DEFAULT_RULE_ENV", "Rule", "RuleEnv", "RULES", "RULE_IDS", "MOE_RECOMPUTE_MODULES", "POLICY_RULES", "check_table",
     "check_layout", "run_option_problems", "applicable_recompute_modules", "layout_warnings"]
 
-# --------------------------------------------------------------------------- registry
 
 #: Every rule, in the order they are checked (:func:`search_spaces.rule_base.rule` registers each with its check).
 #: Rules over the parallel sizes come first so that the enumeration can apply them before crossing in the rest.

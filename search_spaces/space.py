@@ -47,9 +47,6 @@ _DTYPES = ("fp32", "bf16")
 T = TypeVar("T")
 
 
-# --------------------------------------------------------------------------- options
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RecomputeOption:
     """One recompute candidate (``--recompute-granularity/-method/-num-layers/-modules``)."""
@@ -146,9 +143,6 @@ class PipelineSplitSpace:
         return {"even": self.even, "max_stage_deficit": self.max_stage_deficit}
 
 
-# --------------------------------------------------------------------------- parsing helpers
-
-
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -185,9 +179,6 @@ def _choices(value: Any, key: str, accepted: Sequence[str]) -> tuple[str, ...]:
     if not vals or bad:
         raise TunerError(f"{key}: unknown values {bad or vals!r}; accepted: {', '.join(accepted)}")
     return _unique([str(v) for v in vals])
-
-
-# --------------------------------------------------------------------------- the space
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -311,9 +302,6 @@ def _read_default() -> dict[str, Any]:
     data = yaml.safe_load(text)
     assert isinstance(data, dict), "the bundled default space must be a mapping"
     return data
-
-
-# --------------------------------------------------------------------------- enumeration
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

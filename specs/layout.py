@@ -211,7 +211,6 @@ class Layout:
                 raise TunerError(f"{flag} {getattr(self, name)!r}: accepted {accepted}") from None
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
 
-    # ---- derived ----------------------------------------------------------------
     @property
     def dp(self) -> int:
         """Data-parallel size of the dense grid, ``world / (tp*pp*cp)`` (floor; rules check divisibility)."""

@@ -209,7 +209,6 @@ class ModelSpec:
             raise TunerError(
                 f"model {self.name!r}: moe_layer_freq has {len(self.moe_layer_freq)} entries, needs {self.num_layers}")
 
-    # ---- derived --------------------------------------------------------------
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
@@ -251,7 +250,6 @@ class ModelSpec:
         """Weight matrices per MLP: 3 for gated (SwiGLU), 2 otherwise."""
         return 3 if self.gated_linear_unit else 2
 
-    # ---- per-layer parameter counts (elements) -------------------------------
     def attention_params(self) -> int:
         """Matmul weights of one attention block (QKV and output projections).
 

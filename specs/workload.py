@@ -126,7 +126,6 @@ class RunOptions:
     norm only in MoE layers. False for a stack without TE (the trial harness, :data:`HARNESS_RUN_OPTIONS`):
     ``scaled_dot_product_attention``'s output is copied before the projection, so two copies are saved."""
 
-    # ---- memory-relevant flags of production stacks ---------------------------------------
     grad_reduce_in_fp32: bool = True
     """``grad_reduce_in_fp32`` (DistributedDataParallelConfig): main gradients and their reduction in fp32 (4 B per
     parameter); False: in the parameter dtype, bf16 (2 B) (distributed_data_parallel.py l.147 at core_v0.16.0). Every

@@ -222,9 +222,6 @@ def dense_block_bytes(c: TableContext) -> Array:
     return norm_bytes(c) + g / BF16_BYTES * layer_input_bytes(c) + dense_mlp_bytes(c)
 
 
-# --------------------------------------------------------------------------- selective recompute
-
-
 def saved_attention_bytes(c: TableContext) -> Array:
     """Bytes selective recompute frees in the attention side of every layer: :func:`core_attention_bytes` with
     ``core_attn``; the input norm's output with ``layernorm`` where the norm is a module of its own
@@ -272,9 +269,6 @@ def kept_bytes(full_layer: Array, saved_attention: Array, saved_mlp: Array) -> A
     :func:`saved_attention_bytes`, ``(n, 1)``; saved_mlp: :func:`saved_moe_bytes` or :func:`saved_dense_bytes`, ``(n,
     1)``."""
     return full_layer - saved_attention - saved_mlp
-
-
-# --------------------------------------------------------------------------- full recompute
 
 
 def recomputed_fraction(c: TableContext) -> Array:

@@ -47,9 +47,6 @@ DISTOPT_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
 FSDP_BYTES_PER_PARAM = 2 * BF16_BYTES + FP32_BYTES
 
 
-# --------------------------------------------------------------------------- helpers
-
-
 def span_crosses_node(span: Array, nvlink_size: int) -> BoolArray:
     """A group of ``span`` consecutive ranks leaves the NVLink domain (Megatron packs groups on consecutive ranks).
 
@@ -125,9 +122,6 @@ def holders_hit(model: ModelSpec, holders: Array) -> Array:
     return np.where(h >= g, spans, within)
 
 
-# --------------------------------------------------------------------------- tensor parallel
-
-
 def tp_collective_time(c: TableContext) -> Array:
     """One sequence-parallel all-gather (or reduce-scatter) of a layer's bf16 activation,
     ``2 x tokens x h``, over the TP group."""
@@ -164,9 +158,6 @@ def tp_moe_comm(c: TableContext, collective: Array, copies: Array) -> Array:
     return (shared + experts) * _tp_kept(c)
 
 
-# --------------------------------------------------------------------------- context parallel
-
-
 def _cp_bandwidth(c: TableContext) -> Array:
     """CP peers are ``tp`` ranks apart: the group spans ``tp x cp`` ranks."""
     return collective_bandwidth(c, col(span_crosses_node(c.tp * c.cp, c.nvlink_size)))
@@ -200,9 +191,6 @@ def cp_comm_time(c: TableContext) -> Array:
     if c.options.cp_comm_type == "a2a":
         return cp_all_to_all_time(c)
     return cp_ring_time(c)
-
-
-# --------------------------------------------------------------------------- expert parallel
 
 
 def ep_local_peers(c: TableContext) -> Array:
@@ -355,9 +343,6 @@ def ep_layer_time(c: TableContext, a2a: Array) -> Array:
         return np.zeros_like(c.tokens)
     one_pass = np.where(col(c.ep) > 1, EP_A2A_PER_PASS * a2a, 0.0)
     return 2 * one_pass + moe_fixed_cost_forward(c) + moe_fixed_cost_backward(c)
-
-
-# --------------------------------------------------------------------------- data parallel
 
 
 def dp_bytes_per_param(c: TableContext) -> Array:
