@@ -13,7 +13,6 @@ model's."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -181,10 +180,6 @@ def _fold(train: Sequence[Run], test: Sequence[Run], start: Calibration, max_nfe
     b = RunBatch(test, release_gain=gain)
     return {"runs": b.runs, "predicted": b.predicted_metric(fit.calibration), "published": b.targets(), "fit": fit,
             "release_gain": gain}
-
-
-def _finite(x: float) -> bool:
-    return isinstance(x, float) and math.isfinite(x)
 
 
 #: Bounds for fits to real trials: :data:`FIT_BOUNDS` plus NCCL all-to-all's NVLink efficiency, with the fixed per-call

@@ -38,6 +38,7 @@ from specs import (
 from specs.errors import InfeasibleLayout, TunerError
 from specs.files import parse_errors, read_user_text
 from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout
+from specs.workload import CUDA_GRAPH_IMPLS
 
 #: Columns a run table must have (any order; more columns are ignored).
 REQUIRED_COLUMNS = ("model", "gpu_type", "num_gpus", "tp", "pp", "gbs", "seq_len", "precision")
@@ -210,11 +211,6 @@ def _setting(r: dict[str, str], notes: dict[str, str], key: str, default: str) -
     if v:
         return v
     return notes.get(key, default).strip("'\"")
-
-
-#: What the ``cuda_graph_impl`` column accepts (megatron-core 0.19 ``--cuda-graph-impl``: none, local,
-#: transformer_engine; ``full_iteration`` is Megatron-Bridge's name for the local whole-iteration graph).
-CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
 
 
 def _setting_choice(r: dict[str, str], notes: dict[str, str], key: str, default: str, accepted: Sequence[str]) -> str:

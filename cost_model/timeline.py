@@ -15,7 +15,7 @@ and the bubble fraction)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from itertools import pairwise
 from typing import Any
 
 from cost_model.pipeline_schedule import Pass
@@ -78,29 +78,17 @@ def step_trace(d: StepDetails, *, title: str = "", source: str = "predicted",
     events += _tail_events(d, step_end, hidden_cursor)
     events.sort(key=lambda e: (e["pid"], e["tid"], e["ts"]))
     other = {
-        "source": source,
-        "title": title,
-        "layout": lay.label,
-        "layout_fields": lay.to_dict(),
-        "recompute": lay.recompute_label,
-        "dispatcher": lay.dispatcher.value,
-        "micro_batch_size": lay.micro_batch_size,
-        "num_microbatches": d.num_microbatches,
-        "step_time_s": est.step_time_s,
-        "bubble_fraction": d.bubble_fraction,
-        "pipeline_s": d.pipeline_s,
-        "closed_form_pipeline_s": d.closed_form_pipeline_s,
-        "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
-        "peak_gib": est.peak_gib,
-        "time_parts_s": dict(est.time),
+        "source": source, "title": title, "layout": lay.label, "layout_fields": lay.to_dict(),
+        "recompute": lay.recompute_label, "dispatcher": lay.dispatcher.value, "micro_batch_size": lay.micro_batch_size,
+        "num_microbatches": d.num_microbatches, "step_time_s": est.step_time_s, "bubble_fraction": d.bubble_fraction,
+        "pipeline_s": d.pipeline_s, "closed_form_pipeline_s": d.closed_form_pipeline_s,
+        "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu, "peak_gib": est.peak_gib, "time_parts_s": dict(est.time),
         "memory_gib_worst_rank": {k: v / GIB for k, v in est.memory.items()},
         "memory_gib_by_rank": {k: [x / GIB for x in v] for k, v in d.memory.items()},
         "note": ("Every event is a prediction of the analytical model. Within a forward or backward the parts are "
-                 "drawn back to back; "
-                 "the model gives their totals, not how the kernels interleave. Idle time in the stage lanes before "
-                 "the tail is the pipeline bubble."),
-        **(extra or {}),
-    }
+                 "drawn back to back; the model gives their totals, not how the kernels interleave. Idle time in the "
+                 "stage lanes before the tail is the pipeline bubble."),
+        **(extra or {})}
     return {"traceEvents": _meta_events(d) + events, "displayTimeUnit": "ms", "otherData": other}
 
 
@@ -260,7 +248,7 @@ def check_trace(trace: dict[str, Any], *, tolerance_us: float = 1e-6) -> list[st
     for (pid, tid), lane in trace_lanes(trace).items():
         if (pid, None) not in names or (pid, tid) not in names:
             problems.append(f"lane pid {pid} tid {tid} has no process_name / thread_name")
-        for a, b in _pairs(lane):
+        for a, b in pairwise(lane):
             if b["ts"] < a["ts"]:
                 problems.append(f"lane pid {pid} tid {tid}: {b['name']} at {b['ts']:.3f} us starts before {a['name']} "
                                 f"at {a['ts']:.3f} us")
@@ -268,7 +256,3 @@ def check_trace(trace: dict[str, Any], *, tolerance_us: float = 1e-6) -> list[st
                 problems.append(f"lane pid {pid} tid {tid}: {b['name']} at {b['ts']:.3f} us overlaps {a['name']} "
                                 f"ending at {a['ts'] + a['dur']:.3f} us")
     return problems
-
-
-def _pairs(xs: list[dict[str, Any]]) -> Iterable[tuple[dict[str, Any], dict[str, Any]]]:
-    return zip(xs, xs[1:])
