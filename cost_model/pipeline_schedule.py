@@ -243,11 +243,6 @@ def _times(plan: _Plan, forward_s: list[list[float]], backward_s: list[list[floa
     return start, end
 
 
-def _check_tables(pp: int, vpp: int, forward_s: list[list[float]], backward_s: list[list[float]]) -> None:
-    if len(forward_s) != pp or len(backward_s) != pp or any(len(x) != vpp for x in (*forward_s, *backward_s)):
-        raise TunerError(f"pipeline simulation: durations must be pp x vpp = {pp} x {vpp} tables")
-
-
 def simulate_pipeline(pp: int, vpp: int, num_microbatches: int, forward_s: list[list[float]],
                       backward_s: list[list[float]], *, p2p_s: float = 0.0,
                       group: int | None = None) -> list[ScheduledOp]:
@@ -256,8 +251,7 @@ def simulate_pipeline(pp: int, vpp: int, num_microbatches: int, forward_s: list[
     micro-batch; ``p2p_s`` is the transfer from an operation to the dependent one on the next (forward) or previous
     (backward) stage (0: overlapped); ``group`` is ``microbatch_group_size_per_vp_stage`` (default pp).
 
-    Raises TunerError: bad sizes (see :func:`megatron_order`) or duration tables of the wrong shape."""
-    _check_tables(pp, vpp, forward_s, backward_s)
+    Raises TunerError: bad sizes (see :func:`megatron_order`)."""
     plan = _plan(pp, vpp, num_microbatches, group)
     start, end = _times(plan, forward_s, backward_s, p2p_s)
     kinds = (Pass.forward, Pass.backward)
@@ -273,7 +267,6 @@ def pipeline_makespan(pp: int, vpp: int, num_microbatches: int, forward_s: list[
     bounded simulation once it is in its steady state (see the module's docstring).
 
     Raises TunerError: as :func:`simulate_pipeline`."""
-    _check_tables(pp, vpp, forward_s, backward_s)
     m = num_microbatches
     if m > FULL_SIMULATION_MICROBATCHES and pp > 1:
         period = 1 if vpp == 1 else (pp if group is None else group)
