@@ -589,19 +589,16 @@ def _row_options(r: dict[str, str], notes: dict[str, str], model: ModelSpec, pre
         cuda_graph_scope=scope,
         use_megatron_fsdp=flag("use_megatron_fsdp", int(notes.get("FSDP", "0") or 0) > 1
                                if notes.get("FSDP", "").isdigit() else False),
-        overlap_grad_reduce=flag("overlap_grad_reduce", True),
-        tp_comm_overlap=flag("tp_comm_overlap", True),
+        overlap_grad_reduce=flag("overlap_grad_reduce", True), tp_comm_overlap=flag("tp_comm_overlap", True),
         grad_reduce_in_fp32=flag("grad_reduce_in_fp32", True),
         fp8_recipe=setting("fp8_recipe", "tensorwise" if cs else "delayed") if prec == Precision.fp8 else "delayed",
-        fp8_param_gather=flag("fp8_param_gather", False),
-        fp4_param_gather=flag("fp4_param_gather", False),
+        fp8_param_gather=flag("fp8_param_gather", False), fp4_param_gather=flag("fp4_param_gather", False),
         cross_entropy_loss_fusion=flag("cross_entropy_loss_fusion", False),
         cross_entropy_fusion_impl=setting("cross_entropy_fusion_impl", "native"),
         te_version=setting("te_version", _DEFAULT_OPTIONS.te_version),
         cpu_offloading_num_layers=_setting_int(r, notes, "cpu_offloading_num_layers", 0),
         optimizer=setting("optimizer", "adam"),
-        optimizer_fp8_recipe=_optional(setting("optimizer_fp8_recipe", "")) if prec == Precision.bf16 else None,
-    )
+        optimizer_fp8_recipe=_optional(setting("optimizer_fp8_recipe", "")) if prec == Precision.bf16 else None)
 
 
 def _row_recompute(r: dict[str, str], notes: dict[str, str]) -> dict[str, Any]:

@@ -287,8 +287,7 @@ def _recompute_full_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
             if bad:
                 parts.append(
                     f"uniform recompute in groups of {n} layers needs every chunk's layer count to be a multiple "
-                    f"of {n}, but chunks hold {bad} layers (megatron-core 0.16 indexes past the chunk)"
-                )
+                    f"of {n}, but chunks hold {bad} layers (megatron-core 0.16 indexes past the chunk)")
     return "; ".join(parts) or "full recompute settings are valid"
 
 
@@ -553,8 +552,7 @@ def layout_warnings(layout: Layout, model: ModelSpec, options: RunOptions) -> li
                 out.append(
                     f"EP all-to-all overlap with an odd number of MoE layers on a pipeline stage ({where}) was "
                     "reported to hang "
-                    "(NVIDIA/Megatron-LM issue 1810, via issue 1852); prefer a split with an even number per stage"
-                )
+                    "(NVIDIA/Megatron-LM issue 1810, via issue 1852); prefer a split with an even number per stage")
     return out
 
 

@@ -397,12 +397,9 @@ def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str], env: Rul
              {
                  "pp": pipe_pp, "num_layers_in_first_pipeline_stage": pipe_first,
                  "num_layers_in_last_pipeline_stage": pipe_last}),
-        _dim("tp", {"tp": space.tp, "sequence_parallel": [t > 1 for t in space.tp]}),
-        _dim("cp", {"cp": space.cp}),
-        _dim("ep", {"ep": ep}),
-        _dim("etp", {"etp": etp}),
-        _dim("micro_batch_size", {"micro_batch_size": space.micro_batch_size}),
-        _dim("vpp", {"vpp": space.vpp}),
+        _dim("tp", {"tp": space.tp, "sequence_parallel": [t > 1 for t in space.tp]}), _dim("cp", {"cp": space.cp}),
+        _dim("ep", {"ep": ep}), _dim("etp", {"etp": etp}),
+        _dim("micro_batch_size", {"micro_batch_size": space.micro_batch_size}), _dim("vpp", {"vpp": space.vpp}),
         _dim("recompute",
              {
                  "recompute_granularity": [r.granularity.value for r in rec],
@@ -414,8 +411,7 @@ def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str], env: Rul
         _dim("use_precision_aware_optimizer", {"use_precision_aware_optimizer": precision_aware}),
         _dim("exp_avg_dtype", {"exp_avg_dtype": space.exp_avg_dtype}),
         _dim("exp_avg_sq_dtype", {"exp_avg_sq_dtype": space.exp_avg_sq_dtype}),
-        _dim("dispatcher", {"dispatcher": [d.value for d in dispatcher]}),
-    ]
+        _dim("dispatcher", {"dispatcher": [d.value for d in dispatcher]})]
 
 
 class _Product:

@@ -184,8 +184,7 @@ class Cluster:
             raise TunerError(
                 f"--gpus {self.num_gpus}x{self.gpu.name}: {self.num_gpus} GPUs are not a whole number of "
                 f"{self.gpus_per_node}-GPU nodes; use {lo or self.gpus_per_node} or {lo + self.gpus_per_node}, "
-                "or set --gpus-per-node"
-            )
+                "or set --gpus-per-node")
         check_network_gbps(self.inter_node_bytes_per_s)
         if not (math.isfinite(self.usd_per_gpu_hour) and self.usd_per_gpu_hour >= 0):
             raise TunerError("--usd-per-gpu-hour must be a finite number of US dollars, at least 0, got "
@@ -269,8 +268,7 @@ def parse_gpus(text: str, *, gpus_per_node: int | None = None, inter_node_bytes_
     elif require_network:
         raise TunerError(
             f"{name} {shown}: {gpu.name}'s server type ({gpu.server or 'not named in its datasheet'}) has no default "
-            f"network; name it with --network (known: {', '.join(list_networks())})"
-        )
+            f"network; name it with --network (known: {', '.join(list_networks())})")
     if inter_node_bytes_per_s is None:
         inter_node_bytes_per_s = net.per_gpu_bytes_per_s * per if net is not None else DEFAULT_INTER_NODE_BYTES_PER_S
     if host_memory_gib is not None and not (math.isfinite(host_memory_gib) and host_memory_gib > 0):

@@ -153,8 +153,7 @@ class ModelSpec:
         if self.num_attention_heads % self.num_query_groups:
             raise TunerError(
                 f"model {self.name!r}: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_query_groups})"
-            )
+                f"num_key_value_heads ({self.num_query_groups})")
         if self.num_experts and self.moe_router_topk > self.num_experts:
             raise TunerError(f"model {self.name!r}: num_experts_per_tok ({self.moe_router_topk}) exceeds num_experts "
                              f"({self.num_experts})")
@@ -203,8 +202,7 @@ class ModelSpec:
             raise TunerError(
                 f"model {self.name!r}: window_attn_skip_freq needs {self.num_layers} entries, each 0 (sliding window) "
                 f"or 1 (full attention); got {len(self.window_attn_skip_freq)}"
-                + (f" with {bad[0]!r} among them" if bad else "")
-            )
+                + (f" with {bad[0]!r} among them" if bad else ""))
         if len(self.moe_layer_freq) != self.num_layers:
             raise TunerError(
                 f"model {self.name!r}: moe_layer_freq has {len(self.moe_layer_freq)} entries, needs {self.num_layers}")
@@ -508,19 +506,17 @@ def _numerics(cfg: dict[str, Any], d: int, num_experts: int, w: str) -> dict[str
         norm_epsilon=_as_float(_first(cfg, "rms_norm_eps", "layer_norm_eps", "norm_epsilon", default=1e-5),
                                "rms_norm_eps", w),
         rotary_base=_as_float(_first(cfg, "rope_theta", "rotary_base", default=10000.0), "rope_theta", w),
-        rotary_percent=float(partial if partial is not None else 1.0),
-        rope_scaling_type=rs_type,
+        rotary_percent=float(partial if partial is not None else 1.0), rope_scaling_type=rs_type,
         rope_scaling_factor=_as_float(_first(rs, "factor", default=1.0), "rope_scaling.factor", w),
         rope_scaling_mscale=_as_float(_first(rs, "mscale", default=1.0), "rope_scaling.mscale", w),
         rope_scaling_mscale_all_dim=_as_float(_first(rs, "mscale_all_dim", default=0.0), "rope_scaling.mscale_all_dim",
                                               w),
-        **(_yarn_details(rs, cfg, w) if rs_type == "yarn" else {}),
+          **(_yarn_details(rs, cfg, w) if rs_type == "yarn" else {}),
         moe_router_score_function="sigmoid" if str(cfg.get("scoring_func", "softmax")) == "sigmoid" else "softmax",
         moe_router_enable_expert_bias=bool(cfg.get("use_routing_bias")) or topk_method == "noaux_tc",
         moe_router_topk_scaling_factor=float(cfg.get("routed_scaling_factor") or 0.0) if num_experts else 0.0,
         moe_router_num_groups=n_group if grouped else 0,
-        moe_router_group_topk=_as_int(cfg.get("topk_group") or 0, "topk_group", w) if grouped else 0,
-    )
+        moe_router_group_topk=_as_int(cfg.get("topk_group") or 0, "topk_group", w) if grouped else 0)
 
 
 def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> ModelSpec:
@@ -560,16 +556,11 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
     window, skip = _windows(cfg, L, w)
     moe_only = num_experts and moe_inter == inter and "moe_intermediate_size" not in cfg  # no dense FFN
     spec = dict(
-        name=name,
-        num_layers=L,
-        hidden_size=h,
-        num_attention_heads=n,
+        name=name, num_layers=L, hidden_size=h, num_attention_heads=n,
         num_query_groups=_as_int(_first(cfg, "num_key_value_heads", "num_query_groups", default=n),
                                  "num_key_value_heads", w),
-        kv_channels=d,
-        ffn_hidden_size=0 if moe_only else _as_int(inter or 0, "intermediate_size", w),
-        vocab_size=vals["vocab_size"],
-        num_experts=num_experts,
+        kv_channels=d, ffn_hidden_size=0 if moe_only else _as_int(inter or 0, "intermediate_size", w),
+        vocab_size=vals["vocab_size"], num_experts=num_experts,
         moe_router_topk=_as_int(_first(cfg, "num_experts_per_tok", "moe_topk", "top_k", default=0) or 0,
                                 "num_experts_per_tok", w),
         moe_ffn_hidden_size=_as_int(moe_inter or 0, "moe_intermediate_size", w) if num_experts else 0,
@@ -580,16 +571,10 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         untie_embeddings_and_output_weights=not bool(cfg.get("tie_word_embeddings", False)),
         qk_layernorm=bool(_first(cfg, "use_qk_norm", "qk_layernorm",
                                  default=str(cfg.get("model_type", "")).startswith("qwen3"))),
-        qk_layernorm_full_dim=str(cfg.get("qk_norm_type", "")) == "per_layer",
-        mtp_num_layers=mtp,
+        qk_layernorm_full_dim=str(cfg.get("qk_norm_type", "")) == "per_layer", mtp_num_layers=mtp,
         max_position_embeddings=_as_int(cfg.get("max_position_embeddings") or 0, "max_position_embeddings", w),
-        window_size=window,
-        window_attn_skip_freq=skip,
-        **gpt_oss,
-        source=str(cfg.get("_source", "")),
-        **mla,
-        **_numerics(cfg, d, num_experts, w),
-    )
+        window_size=window, window_attn_skip_freq=skip,   **gpt_oss, source=str(cfg.get("_source", "")),   **mla,
+          **_numerics(cfg, d, num_experts, w))
     unknown = set(over) - {f.name for f in dataclasses.fields(ModelSpec)}
     if unknown:
         raise TunerError(f"model config {w!r}: unknown keys in its 'tuner' section: {sorted(unknown)}")

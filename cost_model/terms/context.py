@@ -313,68 +313,37 @@ def build_context(model: ModelSpec, cluster: Cluster, workload: Workload, table:
     selective = _mask(table, "recompute_granularity", RecomputeGranularity, lambda g: g.recomputes_modules)
     mod_values, mod_inv = table.codes("recompute_modules")
     mod_sets = [set(v.split(",")) for v in mod_values.tolist()]
-    recomputed = {
-        m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:,
-                                                                                       None] for m in RECOMPUTE_MODULES
-    }
+    recomputed = {m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:, None]
+                  for m in RECOMPUTE_MODULES}
     nv_eff, net_eff, per_node = _dispatcher_efficiencies(table, cluster, cal)
     return TableContext(
-        model=model,
-        cluster=cluster,
-        workload=workload,
-        cal=cal,
-        options=options,
-        dims=ModelDims.of(model),
-        world=cluster.num_gpus,
-        gpus_per_node=cluster.gpus_per_node,
-        nvlink_size=cluster.nvlink_size,
-        seq=s,
-        global_batch=gbs,
-        gemm_peak_flops=gpu.peak_flops(prec) * cal.precision_ratio(prec.value) * gemm_fam,
-        bf16_peak_flops=gpu.peak_flops_bf16 * fam,
-        hbm_bytes_per_s=gpu.hbm_bytes_per_s * cal.hbm_efficiency,
+        model=model, cluster=cluster, workload=workload, cal=cal, options=options, dims=ModelDims.of(model),
+        world=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node, nvlink_size=cluster.nvlink_size, seq=s,
+        global_batch=gbs, gemm_peak_flops=gpu.peak_flops(prec) * cal.precision_ratio(prec.value) * gemm_fam,
+        bf16_peak_flops=gpu.peak_flops_bf16 * fam, hbm_bytes_per_s=gpu.hbm_bytes_per_s * cal.hbm_efficiency,
         low_precision_weight_bytes=prec.low_precision_weight_bytes,
         saved_gemm_input_bytes=prec.saved_gemm_input_bytes if options.te_attention else BF16_BYTES,
         quantized=prec != Precision.bf16 and options.te_attention,
         load_imbalance=np.where(table["ep"] > 1, cal.moe_load_imbalance, 1.0)[:, None]
         if (model.is_moe and not options.moe_router_force_load_balancing) else np.ones((len(table), 1)),
-        tp=tp,
-        pp=pp,
-        vpp=table["vpp"].astype(float),
-        cp=cp,
-        ep=table["ep"].astype(float),
-        etp=table["etp"].astype(float),
-        mbs=mbs,
-        dp=dp,
-        edp=table.edp.astype(float),
+        tp=tp, pp=pp, vpp=table["vpp"].astype(float), cp=cp, ep=table["ep"].astype(float),
+        etp=table["etp"].astype(float), mbs=mbs, dp=dp, edp=table.edp.astype(float),
         micro_batches=np.maximum(np.floor(gbs / (mbs * dp)), 1.0),
-        overlap_offload=np.asarray(table["overlap_cpu_optimizer_d2h_h2d"], dtype=np.bool_),
-        rank=r.rank,
-        live=r.count > 0,
-        rank_count=r.count,
-        is_first=r.rank == 0,
-        is_last=r.rank == (pp_i[:, None] - 1),
-        layers=r.layers,
-        moe_layers=r.moe,
-        dense_layers=r.layers - r.moe,
-        block_layers=r.block_layers,
+        overlap_offload=np.asarray(table["overlap_cpu_optimizer_d2h_h2d"], dtype=np.bool_), rank=r.rank,
+        live=r.count > 0, rank_count=r.count, is_first=r.rank == 0, is_last=r.rank == (pp_i[:, None] - 1),
+        layers=r.layers, moe_layers=r.moe, dense_layers=r.layers - r.moe, block_layers=r.block_layers,
         tokens=(mbs * s / cp)[:, None],
-        recompute_num_layers=np.maximum(table["recompute_num_layers"].astype(float), 1.0)[:, None],
-        selective=selective,
+        recompute_num_layers=np.maximum(table["recompute_num_layers"].astype(float), 1.0)[:, None], selective=selective,
         full=_mask(table, "recompute_granularity", RecomputeGranularity, lambda g: g.recomputes_whole_layers),
         uniform=_mask(table, "recompute_method", RecomputeMethod, lambda m: m.recomputes_every_layer),
         recomputed=recomputed,
         distributed_optimizer=np.asarray(table["use_distributed_optimizer"], dtype=np.bool_)[:, None],
         precision_aware=np.asarray(table["use_precision_aware_optimizer"], dtype=np.bool_)[:, None],
-        exp_avg_bytes=_dtype_bytes(table, "exp_avg_dtype"),
-        exp_avg_sq_bytes=_dtype_bytes(table, "exp_avg_sq_dtype"),
+        exp_avg_bytes=_dtype_bytes(table, "exp_avg_dtype"), exp_avg_sq_bytes=_dtype_bytes(table, "exp_avg_sq_dtype"),
         offload_fraction=table["optimizer_offload_fraction"].astype(float)[:, None],
         flex=_mask(table, "dispatcher", Dispatcher, lambda d: d.is_flex),
-        allgather=_mask(table, "dispatcher", Dispatcher, lambda d: d.is_allgather),
-        network_counted_per_node=per_node,
-        dispatch_nvlink_efficiency=nv_eff,
-        dispatch_network_efficiency=net_eff,
-    )
+        allgather=_mask(table, "dispatcher", Dispatcher, lambda d: d.is_allgather), network_counted_per_node=per_node,
+        dispatch_nvlink_efficiency=nv_eff, dispatch_network_efficiency=net_eff)
 
 
 def _dispatcher_efficiencies(table: LayoutTable, cluster: Cluster, cal: Calibration) -> tuple[Array, Array, BoolArray]:
