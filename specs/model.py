@@ -511,7 +511,7 @@ def _numerics(cfg: dict[str, Any], d: int, num_experts: int, w: str) -> dict[str
         rope_scaling_mscale=_as_float(_first(rs, "mscale", default=1.0), "rope_scaling.mscale", w),
         rope_scaling_mscale_all_dim=_as_float(_first(rs, "mscale_all_dim", default=0.0), "rope_scaling.mscale_all_dim",
                                               w),
-          **(_yarn_details(rs, cfg, w) if rs_type == "yarn" else {}),
+        **(_yarn_details(rs, cfg, w) if rs_type == "yarn" else {}),
         moe_router_score_function="sigmoid" if str(cfg.get("scoring_func", "softmax")) == "sigmoid" else "softmax",
         moe_router_enable_expert_bias=bool(cfg.get("use_routing_bias")) or topk_method == "noaux_tc",
         moe_router_topk_scaling_factor=float(cfg.get("routed_scaling_factor") or 0.0) if num_experts else 0.0,
@@ -573,8 +573,8 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
                                  default=str(cfg.get("model_type", "")).startswith("qwen3"))),
         qk_layernorm_full_dim=str(cfg.get("qk_norm_type", "")) == "per_layer", mtp_num_layers=mtp,
         max_position_embeddings=_as_int(cfg.get("max_position_embeddings") or 0, "max_position_embeddings", w),
-        window_size=window, window_attn_skip_freq=skip,   **gpt_oss, source=str(cfg.get("_source", "")),   **mla,
-          **_numerics(cfg, d, num_experts, w))
+        window_size=window, window_attn_skip_freq=skip, **gpt_oss, source=str(cfg.get("_source", "")), **mla,
+        **_numerics(cfg, d, num_experts, w))
     unknown = set(over) - {f.name for f in dataclasses.fields(ModelSpec)}
     if unknown:
         raise TunerError(f"model config {w!r}: unknown keys in its 'tuner' section: {sorted(unknown)}")
