@@ -383,35 +383,24 @@ def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str], env: Rul
         raise TunerError(f"the search space's recompute options leave nothing to try for model {model.name!r}; "
                          f"accepted modules for it: {', '.join(sorted(allowed))}")
 
-    pipe_pp: list[int] = []
-    pipe_first: list[int] = []
-    pipe_last: list[int] = []
-    for pp in space.pp:
-        for first, last in space.pipeline_split.options(model.num_layers, pp):
-            pipe_pp.append(pp)
-            pipe_first.append(first)
-            pipe_last.append(last)
-
+    pipe = [(pp, f, la) for pp in space.pp for f, la in space.pipeline_split.options(model.num_layers, pp)]
+    one: dict[str, Sequence[Any]] = {"cp": space.cp, "ep": ep, "etp": etp, "micro_batch_size": space.micro_batch_size,
+                                     "vpp": space.vpp}
+    rest: dict[str, Sequence[Any]] = {
+        "optimizer_offload_fraction": space.optimizer_offload_fraction,
+        "overlap_cpu_optimizer_d2h_h2d": space.overlap_cpu_optimizer_d2h_h2d, "use_distributed_optimizer": distopt,
+        "use_precision_aware_optimizer": precision_aware, "exp_avg_dtype": space.exp_avg_dtype,
+        "exp_avg_sq_dtype": space.exp_avg_sq_dtype, "dispatcher": [d.value for d in dispatcher]}
     return [
-        _dim("pipeline",
-             {
-                 "pp": pipe_pp, "num_layers_in_first_pipeline_stage": pipe_first,
-                 "num_layers_in_last_pipeline_stage": pipe_last}),
-        _dim("tp", {"tp": space.tp, "sequence_parallel": [t > 1 for t in space.tp]}), _dim("cp", {"cp": space.cp}),
-        _dim("ep", {"ep": ep}), _dim("etp", {"etp": etp}),
-        _dim("micro_batch_size", {"micro_batch_size": space.micro_batch_size}), _dim("vpp", {"vpp": space.vpp}),
-        _dim("recompute",
-             {
-                 "recompute_granularity": [r.granularity.value for r in rec],
-                 "recompute_method": [r.method.value for r in rec], "recompute_num_layers": [r.num_layers for r in rec],
-                 "recompute_modules": [",".join(r.modules) for r in rec]}),
-        _dim("optimizer_offload_fraction", {"optimizer_offload_fraction": space.optimizer_offload_fraction}),
-        _dim("overlap_cpu_optimizer_d2h_h2d", {"overlap_cpu_optimizer_d2h_h2d": space.overlap_cpu_optimizer_d2h_h2d}),
-        _dim("use_distributed_optimizer", {"use_distributed_optimizer": distopt}),
-        _dim("use_precision_aware_optimizer", {"use_precision_aware_optimizer": precision_aware}),
-        _dim("exp_avg_dtype", {"exp_avg_dtype": space.exp_avg_dtype}),
-        _dim("exp_avg_sq_dtype", {"exp_avg_sq_dtype": space.exp_avg_sq_dtype}),
-        _dim("dispatcher", {"dispatcher": [d.value for d in dispatcher]})]
+        _dim("pipeline", {"pp": [p[0] for p in pipe], "num_layers_in_first_pipeline_stage": [p[1] for p in pipe],
+                          "num_layers_in_last_pipeline_stage": [p[2] for p in pipe]}),
+        _dim("tp", {"tp": space.tp, "sequence_parallel": [t > 1 for t in space.tp]}),
+        *(_dim(k, {k: v}) for k, v in one.items()),
+        _dim("recompute", {"recompute_granularity": [r.granularity.value for r in rec],
+                           "recompute_method": [r.method.value for r in rec],
+                           "recompute_num_layers": [r.num_layers for r in rec],
+                           "recompute_modules": [",".join(r.modules) for r in rec]}),
+        *(_dim(k, {k: v}) for k, v in rest.items())]
 
 
 class _Product:
