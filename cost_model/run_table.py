@@ -7,7 +7,8 @@ dropless, except the 25.09 ``tokendrop`` rows; Megatron-Bridge and NeMo recipes 
 recompute cell is none, a blank dispatcher alltoall, a blank or ``1*`` ETP 1; the setting columns (Megatron's argument
 names) hold what each row's recipe set (``benchmarks/data/published_runs_fixes.md``), else ``key=value`` in
 ``other_notes``, else fp32 main gradients, native cross-entropy, Adam and the fp8 recipe its precision cell names; two
-runs of one configuration :data:`RELEASE_REGRESSION_RATIO` apart are a release's regression: the slower is left out."""
+runs of one configuration :data:`RELEASE_REGRESSION_RATIO` apart are a release's regression: the slower is left out.
+A setting reader's ValueError names the cell and makes the row unrepresentable, with that reason."""
 
 from __future__ import annotations
 
@@ -214,9 +215,7 @@ def _setting(r: dict[str, str], notes: dict[str, str], key: str, default: str) -
 
 
 def _setting_choice(r: dict[str, str], notes: dict[str, str], key: str, default: str, accepted: Sequence[str]) -> str:
-    """A :func:`_setting` that must be one of ``accepted`` (case-insensitive; blank -> ``default``).
-
-    Raises ValueError: anything else, naming the column and the accepted values (the row is then not representable)."""
+    """A :func:`_setting` that must be one of ``accepted`` (case-insensitive; blank -> ``default``; else ValueError)."""
     v = _setting(r, notes, key, default).strip().lower()
     if not v:
         return default
@@ -228,10 +227,8 @@ def _setting_choice(r: dict[str, str], notes: dict[str, str], key: str, default:
 def _dispatcher_cell(cell: str, notes: dict[str, str]) -> Dispatcher:
     """The token dispatcher of a row: its ``dispatcher`` cell (free text naming alltoall, allgather, DeepEP or
     HybridEP; blank = alltoall, Megatron's default; ``flex`` with no backend = DeepEP, the default of
-    ``moe_flex_dispatcher_backend``) or its notes' ``moe_flex_dispatcher_backend`` / ``dispatcher``.
-
-    Raises:
-        ValueError: a non-blank cell that names none of them (the row is then not representable, with this reason)."""
+    ``moe_flex_dispatcher_backend``) or its notes' ``moe_flex_dispatcher_backend`` / ``dispatcher``; ValueError for a
+    non-blank cell that names none of them."""
     disp = (cell + " " + notes.get("moe_flex_dispatcher_backend", "")).lower()
     if "dispatcher" in notes:  # a spelling Layout normalises (or rejects, naming the accepted ones)
         return cast(Dispatcher, notes["dispatcher"])
@@ -247,9 +244,7 @@ def _dispatcher_cell(cell: str, notes: dict[str, str]) -> Dispatcher:
 
 
 def _setting_int(r: dict[str, str], notes: dict[str, str], key: str, default: int) -> int:
-    """A non-negative integer :func:`_setting` (blank -> ``default``).
-
-    Raises ValueError: anything else, naming the column (the row is then not representable, with this reason)."""
+    """A non-negative integer :func:`_setting` (blank -> ``default``; else ValueError)."""
     v = _setting(r, notes, key, "").strip()
     if not v:
         return default
@@ -259,9 +254,7 @@ def _setting_int(r: dict[str, str], notes: dict[str, str], key: str, default: in
 
 
 def _note_fraction(notes: dict[str, str], key: str) -> float:
-    """A note's fraction in [0, 1] (absent -> 0).
-
-    Raises ValueError: anything else, naming the key (the row is then not representable, with this reason)."""
+    """A note's fraction in [0, 1] (absent -> 0; else ValueError)."""
     v = notes.get(key, "").strip("'\"")
     try:
         f = float(v) if v else 0.0
@@ -273,9 +266,7 @@ def _note_fraction(notes: dict[str, str], key: str) -> float:
 
 
 def _setting_flag(r: dict[str, str], notes: dict[str, str], key: str, default: bool) -> bool:
-    """A boolean :func:`_setting`: true / 1 / yes or false / 0 / no.
-
-    Raises ValueError: a setting column holding anything else (the row is then not representable, with this reason)."""
+    """A boolean :func:`_setting`: true / 1 / yes or false / 0 / no (else ValueError)."""
     v = (r.get(key) or "").strip().strip("'\"").lower()
     if v:
         if v not in ("true", "1", "yes", "false", "0", "no"):
@@ -299,8 +290,7 @@ def _lora_settings(notes: dict[str, str]) -> dict[str, Any]:
     ``lora_target_modules=[linear_qkv]`` (``target_modules``); absent keys keep :class:`specs.Workload`'s defaults
     (Bridge's ``dim`` 32 on qkv, proj, fc1, fc2).
 
-    Raises:
-        TunerError: a rank that is not a positive integer or a module :class:`specs.Workload` does not accept."""
+    Raises TunerError: a rank that is not a positive integer or a module :class:`specs.Workload` does not accept."""
     out: dict[str, Any] = {}
     if "lora_rank" in notes:
         raw = notes["lora_rank"].strip("'\"")
@@ -357,14 +347,9 @@ def _pipeline_split(model: ModelSpec, pp: int, vpp: int) -> tuple[int, int] | No
 
 
 def read_runs(paths: str | Path | Sequence[str | Path]) -> tuple[list[Run], list[RowProblem]]:
-    """Read one or more run tables.
-
-    Args:
-        paths: CSV file(s) with :data:`REQUIRED_COLUMNS` (and any of the optional ones).
-
-    Returns:
-        ``(runs, problems)``: one :class:`Run` per row whose cells could be read (``unrepresentable`` set when the model
-        cannot estimate it), and one :class:`RowProblem` per unreadable cell (that row is left out of ``runs``).
+    """Read one or more run tables (CSV files with :data:`REQUIRED_COLUMNS`): ``(runs, problems)``, one :class:`Run`
+    per row whose cells could be read (``unrepresentable`` set when the model cannot estimate it), and one
+    :class:`RowProblem` per unreadable cell (that row is left out of ``runs``).
 
     Raises TunerError: a file is unreadable, not a CSV, or lacks a required column."""
     if isinstance(paths, (str, Path)):
@@ -565,9 +550,8 @@ def _unrepresentable_reasons(run: Run, r: dict[str, str], c: _Cells, low_notes: 
 
 
 def _cuda_graph_scope(r: dict[str, str], notes: dict[str, str]) -> tuple[str, ...]:
-    """The row's CUDA graph scope (``full`` when a graph implementation is named without one; none without).
-
-    Raises ValueError: an implementation not in :data:`CUDA_GRAPH_IMPLS`."""
+    """The row's CUDA graph scope (``full`` when a graph implementation is named without one; none without);
+    ValueError for an implementation not in :data:`CUDA_GRAPH_IMPLS`."""
     if _setting_choice(r, notes, "cuda_graph_impl", "none", CUDA_GRAPH_IMPLS) == "none":
         return ()
     raw_scope = _setting(r, notes, "cuda_graph_scope", "")
@@ -576,9 +560,7 @@ def _cuda_graph_scope(r: dict[str, str], notes: dict[str, str]) -> tuple[str, ..
 
 def _row_options(r: dict[str, str], notes: dict[str, str], model: ModelSpec, prec: Precision,
                  scope: tuple[str, ...]) -> RunOptions:
-    """The row's run options: its setting columns, else its notes, else the defaults of the module docstring.
-
-    Raises ValueError: a setting that cannot be read (the row is then not representable, with this reason)."""
+    """The row's run options: its setting columns, else its notes, else the defaults of the module docstring."""
     setting = functools.partial(_setting, r, notes)
     flag = functools.partial(_setting_flag, r, notes)
     cs = "cs" in re.split(r"[^a-z]+", r.get("precision", "").lower()) or "current" in r.get("precision", "").lower()
@@ -602,9 +584,7 @@ def _row_options(r: dict[str, str], notes: dict[str, str], model: ModelSpec, pre
 
 
 def _row_recompute(r: dict[str, str], notes: dict[str, str]) -> dict[str, Any]:
-    """The row's recompute fields of :class:`Layout`: its recompute columns win over its notes and cell.
-
-    Raises ValueError: a recompute setting that cannot be read."""
+    """The row's recompute fields of :class:`Layout`: its recompute columns win over its notes and cell."""
     choice = functools.partial(_setting_choice, r, notes)
     rec = _recompute(r.get("recompute", ""), notes)
     gran = choice("recompute_granularity", "", ("none", "selective", "full"))
@@ -689,14 +669,9 @@ def _comparable(runs: Sequence[Run]) -> dict[tuple[Any, ...], list[Run]]:
 
 
 def mark_release_regressions(runs: Sequence[Run]) -> list[Run]:
-    """Leave out (``unrepresentable``) each run that another run of the same configuration beat by at least
-    :data:`RELEASE_REGRESSION_RATIO`: a software regression of its release, which no layout term can explain.
-
-    Args:
-        runs: as :func:`read_runs` builds them; only representable runs with a layout are compared, by
-            ``(model, GPU, GPUs, seq_length, global_batch_size, precision, layout_key)`` and the published metric.
-
-    Returns: The runs marked (in place), slowest first within each configuration."""
+    """Leave out (``unrepresentable``) each run that another run of the same configuration (:func:`_configuration_key`;
+    representable runs with a layout) beat by at least :data:`RELEASE_REGRESSION_RATIO`: a software regression of its
+    release, which no layout term can explain. Returns the runs marked (in place), slowest first per configuration."""
     marked: list[Run] = []
     for group in _comparable(runs).values():
         best = max(group, key=lambda r: r.published)
