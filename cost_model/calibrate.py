@@ -150,10 +150,8 @@ def kfold_by_model(runs: Sequence[Run], *, start: Calibration = BASE_CALIBRATION
     """Out-of-model error: for each model, fit on the other models' runs and predict this one's.
 
     ``models`` limits the folds to those models (each still fitted on every other model's runs); None: every model.
-
-    Returns:
-        ``{model: {"runs": [...], "predicted": array, "published": array, "fit": FitResult, "release_gain": float}}``
-        (``predicted`` is in the run's metric: tokens/s/GPU, else model TFLOP/s/GPU)."""
+    Returns ``{model: {"runs", "predicted", "published", "fit": FitResult, "release_gain"}}`` (``predicted`` in the
+    run's metric: tokens/s/GPU, else model TFLOP/s/GPU)."""
     usable = [r for r in runs if not r.unrepresentable and r.layout is not None]
     got = {r.model.name for r in usable}  # type: ignore[union-attr]
     names = sorted(n for n in got if models is None or n in models)

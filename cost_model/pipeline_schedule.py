@@ -54,15 +54,9 @@ class ScheduledOp:
 
 
 def warmup_microbatches(pp: int, rank: int, vpp: int, num_microbatches: int, group: int | None = None) -> int:
-    """Warm-up forwards of ``rank`` before its first backward (Megatron ``get_pp_rank_microbatches``).
-
-    1F1B (vpp 1): ``pp - rank - 1``; interleaved: ``(pp - rank - 1) * 2 + (vpp - 1) * group``; both capped
-    at the rank's ``num_microbatches * vpp`` chunk forwards.
-
-    Args: pp: pipeline-parallel size; rank: pipeline rank 0 .. pp-1; vpp: chunks per rank; num_microbatches: M per step
-    per DP rank; group: ``microbatch_group_size_per_vp_stage`` (default pp).
-
-    Returns: A count of chunk forwards (>= 0)."""
+    """Warm-up chunk forwards of ``rank`` (0 .. pp-1) before its first backward (Megatron ``get_pp_rank_microbatches``):
+    1F1B (vpp 1) ``pp - rank - 1``; interleaved ``(pp - rank - 1) * 2 + (vpp - 1) * group`` (``group``:
+    ``microbatch_group_size_per_vp_stage``, default pp); both capped at the rank's ``num_microbatches * vpp``."""
     total = num_microbatches * vpp
     if pp == 1:
         return 0
@@ -85,11 +79,8 @@ def schedule_table(num_microbatches: int, vpp: int, group: int) -> list[tuple[in
 
 
 def megatron_order(pp: int, rank: int, vpp: int, num_microbatches: int, group: int | None = None) -> list[PipelineOp]:
-    """The forward / backward operations of one pipeline rank in Megatron's order.
-
-    Returns:
-        ``2 * num_microbatches * vpp`` operations: warm-up forwards, then alternating forward and
-        backward (1F1B), then the cool-down backwards.
+    """The forward / backward operations of one pipeline rank in Megatron's order: ``2 * num_microbatches * vpp``
+    operations, warm-up forwards, then alternating forward and backward (1F1B), then the cool-down backwards.
 
     Raises TunerError: sizes < 1, a rank outside the pipeline, or an interleaved schedule with fewer micro-batches than
     the pipeline size (Megatron refuses it too)."""

@@ -72,9 +72,8 @@ def measure_release_gain(runs: Sequence[Run]) -> dict[str, Any]:
     with runs in releases of different months, the oldest and the newest run:
     ``gain = exp(sum(log(newest / oldest)) / sum(months apart)) - 1``.
 
-    Returns:
-        ``{"gain_per_month", "pairs", "median_ratio", "months"}`` (``pairs``: list of
-        ``(oldest_id, newest_id, months, ratio)``); gain 0.0 when no pair exists."""
+    Returns: ``{"gain_per_month", "pairs", "median_ratio", "months"}`` (``pairs``: list of ``(oldest_id, newest_id,
+    months, ratio)``); gain 0.0 when no pair exists."""
     pairs = []
     for group in _comparable(runs).values():
         dated = [(container_release(r.framework_version), r) for r in group]
@@ -205,12 +204,9 @@ def _layout_groups(preds: Sequence[Prediction]) -> tuple[list[float], list[float
 
 
 def summarize(preds: Sequence[Prediction], key: Any = None) -> list[dict[str, Any]]:
-    """Per group (default: GPU type and precision): rows, median absolute error, MAPE, and
-    Spearman within each model's rows that differ in layout (models with >= 3 such rows).
-
-    Returns:
-        One dict per group: ``group``, ``rows``, ``median_abs_error``, ``mape``,
-        ``spearman`` (model -> rho) and ``spearman_median``."""
+    """Per group (default: GPU type and precision), one dict: ``group``, ``rows``, ``median_abs_error``, ``mape``,
+    ``spearman`` (model -> rho, within each model's rows that differ in layout, models with >= 3 such rows) and
+    ``spearman_median``."""
     key = key or (lambda p: (p.run.gpu_type, p.run.precision))
     groups: dict[Any, list[Prediction]] = {}
     for p in preds:

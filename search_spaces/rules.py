@@ -63,12 +63,8 @@ def check_table(table: LayoutTable, model: ModelSpec, workload: Workload,
 
 def check_layout(layout: Layout, model: ModelSpec, workload: Workload,
                  env: RuleEnv = DEFAULT_RULE_ENV) -> list[tuple[str, str]]:
-    """Every rule ``layout`` breaks, with its reason.
-
-    Args: layout: one layout; model: the model it trains; workload: sequence length and global batch; env: release and
-    network of the environment-dependent rules.
-
-    Returns: ``[(rule_id, reason), ...]`` in check order; empty when the layout is valid."""
+    """Every rule ``layout`` breaks (``env``: release and network of the environment-dependent rules), with its reason:
+    ``[(rule_id, reason), ...]`` in check order; empty when the layout is valid."""
     table = LayoutTable.from_layouts([layout])
     return [(rule.id, rule.explain(layout, model, workload, env))
             for rule in RULES

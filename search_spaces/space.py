@@ -117,14 +117,10 @@ class PipelineSplitSpace:
     """Try uneven splits whose first/last ranks hold up to this many layers fewer than a middle rank."""
 
     def options(self, num_layers: int, pp: int) -> list[tuple[int, int]]:
-        """``(first, last)`` candidates for one pipeline size; ``(0, 0)`` = even.
-
-        For deficits ``d_f, d_l`` in ``0..max_stage_deficit`` (not both 0) with ``(num_layers + d_f + d_l) % pp == 0``,
-        the middle ranks hold ``m = (num_layers + d_f + d_l) / pp`` layers and the pair is ``(m - d_f, m - d_l)``, both
-        written out. Deficits that leave no whole middle size define no split and are not candidates. Duplicate pairs
-        are listed once; ``pp == 1`` has only the even split.
-
-        Returns: Distinct ``(first, last)`` pairs, even first."""
+        """Distinct ``(first, last)`` candidates for one pipeline size, even ``(0, 0)`` first. For deficits ``d_f, d_l``
+        in ``0..max_stage_deficit`` (not both 0) with ``(num_layers + d_f + d_l) % pp == 0``, the middle ranks hold
+        ``m = (num_layers + d_f + d_l) / pp`` layers and the pair is ``(m - d_f, m - d_l)``, both written out. Deficits
+        that leave no whole middle size define no split; ``pp == 1`` has only the even split."""
         out: list[tuple[int, int]] = [(0, 0)] if self.even else []
         if pp < 2:
             return out
@@ -480,18 +476,14 @@ def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: 
                       env: RuleEnv = DEFAULT_RULE_ENV) -> Enumeration:
     """Every combination of the space, checked against the rules: the count of combinations, the count rejected by each
     rule (first failure), the valid layouts (codes into each dimension's options, :class:`~specs.layout.LayoutTable`)
-    and notes.
-
-    For a dense model ep/etp/dispatcher collapse to ``[1]/[1]/[alltoall]``; recompute modules the model lacks are
-    dropped; with ``env.optimizer`` ``dist_muon`` the precision-aware optimizer (and, before megatron-core 0.18, the
-    distributed optimizer) is off (each said in ``notes``). Rules run in :data:`~search_spaces.rules.RULES` order on
-    partial products, once per combination of the options they read, so ``rule_counts`` equals
+    and notes. For a dense model ep/etp/dispatcher collapse to ``[1]/[1]/[alltoall]``; recompute modules the model
+    lacks are dropped; with ``env.optimizer`` ``dist_muon`` the precision-aware optimizer (and, before megatron-core
+    0.18, the distributed optimizer) is off (each said in ``notes``). Rules run in :data:`~search_spaces.rules.RULES`
+    order on partial products, once per combination of the options they read, so ``rule_counts`` equals
     :func:`~search_spaces.rules.check_table` on the full product.
 
-    Raises TunerError: ``cluster_world_size`` not positive, the run options in ``env`` break a rule whatever the
-    layout (:func:`~search_spaces.rules.run_option_problems`), or no recompute option left for the model."""
-    if not isinstance(cluster_world_size, int) or cluster_world_size < 1:
-        raise TunerError(f"the GPU count must be a positive integer, got {cluster_world_size!r}")
+    Raises TunerError: the run options in ``env`` break a rule whatever the layout
+    (:func:`~search_spaces.rules.run_option_problems`), or no recompute option left for the model."""
     notes: list[str] = []
     dims = _build_dims(space, model, notes, env)
     prod = _Product(dims, cluster_world_size)
