@@ -342,8 +342,7 @@ def _read_constants(p: Path, base: Calibration) -> Calibration:
         raise TunerError(f"--calibration {str(p)!r}: {e}") from None
 
 
-DEFAULT_CALIBRATION = _read_constants(SHIPPED_CALIBRATION_FILE,
-                                      BASE_CALIBRATION) if SHIPPED_CALIBRATION_FILE.is_file() else BASE_CALIBRATION
+DEFAULT_CALIBRATION = _read_constants(SHIPPED_CALIBRATION_FILE, BASE_CALIBRATION)
 
 
 def load_calibration(path: str | Path | None) -> Calibration:

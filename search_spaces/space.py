@@ -294,9 +294,7 @@ _READERS: dict[str, Any] = {
 
 
 def _read_default() -> dict[str, Any]:
-    text = resources.files("search_spaces").joinpath(DEFAULT_SPACE_FILE).read_text()
-    data = yaml.safe_load(text)
-    assert isinstance(data, dict), "the bundled default space must be a mapping"
+    data: dict[str, Any] = yaml.safe_load(resources.files("search_spaces").joinpath(DEFAULT_SPACE_FILE).read_text())
     return data
 
 

@@ -149,13 +149,6 @@ def network_bytes_per_s(gbps: float) -> float:
     return gbps * 1e9 / 8
 
 
-def check_network_gbps(bytes_per_s: float) -> None:
-    """Refuse a per-node network bandwidth (bytes/s) outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] Gb/s.
-
-    Raises TunerError: not finite, or outside the range (one message naming ``--network-gbps`` and the range)."""
-    network_bytes_per_s(bytes_per_s * 8 / 1e9)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Cluster:
     """The GPUs a job runs on."""
@@ -185,7 +178,7 @@ class Cluster:
                 f"--gpus {self.num_gpus}x{self.gpu.name}: {self.num_gpus} GPUs are not a whole number of "
                 f"{self.gpus_per_node}-GPU nodes; use {lo or self.gpus_per_node} or {lo + self.gpus_per_node}, "
                 "or set --gpus-per-node")
-        check_network_gbps(self.inter_node_bytes_per_s)
+        network_bytes_per_s(self.inter_node_bytes_per_s * 8 / 1e9)  # the --network-gbps range
         if not (math.isfinite(self.usd_per_gpu_hour) and self.usd_per_gpu_hour >= 0):
             raise TunerError("--usd-per-gpu-hour must be a finite number of US dollars, at least 0, got "
                              f"{self.usd_per_gpu_hour:g}")
@@ -245,8 +238,6 @@ def parse_gpus(text: str, *, gpus_per_node: int | None = None, inter_node_bytes_
         raise TunerError(f"{name} {shown}: {e}") from None
     if gpus_per_node is not None and gpus_per_node <= 0:
         raise TunerError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
-    if inter_node_bytes_per_s is not None:
-        check_network_gbps(inter_node_bytes_per_s)
     if nodes is not None:
         per = count
         total = nodes * count
