@@ -257,7 +257,6 @@ def layer_counts_from_string(text: str, pp: int, num_layers: int, mtp_num_layers
         if not stage:
             raise fail(
                 f"stage {i} is empty: Megatron's parser accepts an empty stage (its docs: 'E||t|L'), but such runs "
-                "error or "
-                "deadlock (NVIDIA/Megatron-LM issue 1852, open: 'Et|(tt|)*29|L' fails); give every stage a layer "
-                "(a stage with only E, m or L is fine: Megatron's own DeepSeek example 'Et*3|(tt|)*29,m|L')")
+                "error or deadlock (NVIDIA/Megatron-LM issue 1852, open: 'Et|(tt|)*29|L' fails); give every stage a "
+                "layer (a stage with only E, m or L is fine: Megatron's own DeepSeek example 'Et*3|(tt|)*29,m|L')")
     return [[stages[v * pp + p].count("t") for v in range(vpp)] for p in range(pp)]
