@@ -239,15 +239,8 @@ class Layout:
     @property
     def label(self) -> str:
         """Short label in the seed's style, e.g. ``TP1 PP8 VPP4 EP8 DP8``."""
-        parts = [f"TP{self.tp}", f"PP{self.pp}"]
-        if self.vpp > 1:
-            parts.append(f"VPP{self.vpp}")
-        if self.cp > 1:
-            parts.append(f"CP{self.cp}")
-        if self.ep > 1:
-            parts.append(f"EP{self.ep}")
-        if self.etp != 1:
-            parts.append(f"ETP{self.etp}")
+        parts = [f"TP{self.tp}", f"PP{self.pp}"] + [f"{name}{n}" for name, n in (
+            ("VPP", self.vpp), ("CP", self.cp), ("EP", self.ep), ("ETP", self.etp)) if n != 1]
         mp = self.tp * self.pp * self.cp
         parts.append(f"DP{self.dp}" if self.world_size % mp == 0 else "DP?")
         return " ".join(parts)
@@ -281,8 +274,7 @@ class Layout:
         kw = {k: v for k, v in d.items() if k in names}
         if "recompute_modules" in kw:
             mods = kw["recompute_modules"]
-            kw["recompute_modules"] = tuple(mods.split(",")) if isinstance(mods, str) else tuple(mods or ())
-            kw["recompute_modules"] = tuple(m for m in kw["recompute_modules"] if m)
+            kw["recompute_modules"] = tuple(m for m in (mods.split(",") if isinstance(mods, str) else mods or ()) if m)
         return cls(**kw)
 
     def replace(self, **changes: Any) -> Layout:
