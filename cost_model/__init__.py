@@ -1,8 +1,7 @@
 """The analytical model: memory and step time of a layout, FLOPs, MFU, $/token, calibration and validation.
 
 Builds on :mod:`specs` (model, GPU, cluster, workload, layout) and :mod:`search_spaces` (Megatron's rules and pipeline
-stage splits). Must not import Optuna, Ray, torch or megatron (shared/design/ARCHITECTURE.md).
-"""
+stage splits). Must not import Optuna, Ray, torch or megatron (shared/design/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
@@ -12,14 +11,5 @@ from cost_model.flops import megatron_flops_per_token, mfu, usd_per_million_toke
 from cost_model.types import Estimate
 
 __all__ = [
-    "Calibration",
-    "DEFAULT_CALIBRATION",
-    "Estimate",
-    "EstimateTable",
-    "estimate",
-    "estimate_table",
-    "load_calibration",
-    "megatron_flops_per_token",
-    "mfu",
-    "usd_per_million_tokens",
-]
+    "Calibration", "DEFAULT_CALIBRATION", "Estimate", "EstimateTable", "estimate", "estimate_table", "load_calibration",
+    "megatron_flops_per_token", "mfu", "usd_per_million_tokens"]

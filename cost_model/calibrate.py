@@ -13,7 +13,6 @@ model's."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,34 +24,16 @@ from cost_model.validate import Run, RunBatch, measure_release_gain
 from specs import HARNESS_RUN_OPTIONS
 from specs.errors import TunerError
 
-__all__ = [
-    "FIT_BOUNDS", "FitResult", "fit_calibration", "kfold_by_model", "SEED_WEIGHT",
-    "TRIAL_FIT_BOUNDS", "TRIAL_STEP_NAMES", "MEMORY_FIT_BOUNDS", "Observation", "ObservationFit", "fit_observations",
-    "predict_observations",
-]
-
 #: Constants fitted, with their bounds (same units as :class:`Calibration`).
 FIT_BOUNDS: dict[str, tuple[float, float]] = {
-    "gemm_efficiency": (0.3, 0.95),
-    "grouped_gemm_efficiency": (0.15, 0.95),
-    "attention_efficiency": (0.15, 0.95),
-    "gemm_family_factor_ampere": (0.5, 1.5),
-    "gemm_family_factor_blackwell": (0.5, 1.5),
-    "gemm_generation_factor_blackwell_ultra": (0.5, 1.5),
-    "fp8_gemm_efficiency_ratio": (0.3, 1.3),
-    "fp8_blockwise_gemm_efficiency_ratio": (0.3, 1.3),
-    "mxfp8_gemm_efficiency_ratio": (0.3, 1.3),
-    "nvfp4_gemm_efficiency_ratio": (0.15, 1.3),
-    "nvlink_efficiency": (0.2, 0.95),
-    "network_efficiency": (0.2, 0.95),
-    "dp_overlap": (0.0, 1.0),
-    "tp_comm_overlap_fraction": (0.0, 1.0),
-    "moe_layer_overhead_s": (0.0, 3e-3),
-    "expert_gemm_overhead_s": (0.0, 1e-4),
-    "cuda_graph_overhead_factor": (0.05, 1.0),
-    "cuda_graph_partial_overhead_factor": (0.05, 1.0),
-    "moe_load_imbalance": (1.0, 2.0),
-}
+    "gemm_efficiency": (0.3, 0.95), "grouped_gemm_efficiency": (0.15, 0.95), "attention_efficiency": (0.15, 0.95),
+    "gemm_family_factor_ampere": (0.5, 1.5), "gemm_family_factor_blackwell": (0.5, 1.5),
+    "gemm_generation_factor_blackwell_ultra": (0.5, 1.5), "fp8_gemm_efficiency_ratio": (0.3, 1.3),
+    "fp8_blockwise_gemm_efficiency_ratio": (0.3, 1.3), "mxfp8_gemm_efficiency_ratio": (0.3, 1.3),
+    "nvfp4_gemm_efficiency_ratio": (0.15, 1.3), "nvlink_efficiency": (0.2, 0.95), "network_efficiency": (0.2, 0.95),
+    "dp_overlap": (0.0, 1.0), "tp_comm_overlap_fraction": (0.0, 1.0), "moe_layer_overhead_s": (0.0, 3e-3),
+    "expert_gemm_overhead_s": (0.0, 1e-4), "cuda_graph_overhead_factor": (0.05, 1.0),
+    "cuda_graph_partial_overhead_factor": (0.05, 1.0), "moe_load_imbalance": (1.0, 2.0)}
 
 #: Weight of a run whose ``framework_version`` says it is one of the project's own measured
 #: runs (the seed, natural routing on H200): the only rows that inform ``moe_load_imbalance``.
@@ -105,17 +86,10 @@ def _active(batch: RunBatch, start: Calibration, names: Sequence[str],
     return out
 
 
-def fit_calibration(
-    runs: Sequence[Run],
-    *,
-    start: Calibration = BASE_CALIBRATION,
-    names: Sequence[str] | None = None,
-    max_nfev: int = 60,
-    progress: Callable[[str], None] | None = None,
-    bounds: Mapping[str, tuple[float, float]] | None = None,
-    probe_range: bool = False,
-    release_gain: float | None = None,
-) -> FitResult:
+def fit_calibration(runs: Sequence[Run], *, start: Calibration = BASE_CALIBRATION, names: Sequence[str] | None = None,
+                    max_nfev: int = 60, progress: Callable[[str], None] | None = None,
+                    bounds: Mapping[str, tuple[float, float]] | None = None, probe_range: bool = False,
+                    release_gain: float | None = None) -> FitResult:
     """Fit the constants of :data:`FIT_BOUNDS` (or ``bounds``: :data:`TRIAL_FIT_BOUNDS` for real trials on other stacks)
     to the representable ``runs``; ``start`` gives the starting values and those of constants not fitted, ``names``
     limits the constants considered. ``probe_range`` decides which constants the data can move by probing across their
@@ -170,23 +144,14 @@ def fit_calibration(
                      cost=float(sol.cost), nfev=int(sol.nfev))
 
 
-def kfold_by_model(
-    runs: Sequence[Run],
-    *,
-    start: Calibration = BASE_CALIBRATION,
-    max_nfev: int = 60,
-    progress: Callable[[str], None] | None = None,
-    processes: int = 1,
-    models: Sequence[str] | None = None,
-) -> dict[str, dict[str, Any]]:
+def kfold_by_model(runs: Sequence[Run], *, start: Calibration = BASE_CALIBRATION, max_nfev: int = 60,
+                   progress: Callable[[str], None] | None = None, processes: int = 1,
+                   models: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     """Out-of-model error: for each model, fit on the other models' runs and predict this one's.
 
     ``models`` limits the folds to those models (each still fitted on every other model's runs); None: every model.
-
-    Returns:
-        ``{model: {"runs": [...], "predicted": array, "published": array, "fit": FitResult, "release_gain": float}}``
-        (``predicted`` is in the run's metric: tokens/s/GPU, else model TFLOP/s/GPU).
-    """
+    Returns ``{model: {"runs", "predicted", "published", "fit": FitResult, "release_gain"}}`` (``predicted`` in the
+    run's metric: tokens/s/GPU, else model TFLOP/s/GPU)."""
     usable = [r for r in runs if not r.unrepresentable and r.layout is not None]
     got = {r.model.name for r in usable}  # type: ignore[union-attr]
     names = sorted(n for n in got if models is None or n in models)
@@ -215,12 +180,6 @@ def _fold(train: Sequence[Run], test: Sequence[Run], start: Calibration, max_nfe
             "release_gain": gain}
 
 
-def _finite(x: float) -> bool:
-    return isinstance(x, float) and math.isfinite(x)
-
-
-# ---- real trials: step time and peak memory --------------------------------------------------
-
 #: Bounds for fits to real trials: :data:`FIT_BOUNDS` plus NCCL all-to-all's NVLink efficiency, with the fixed per-call
 #: costs allowed to be much larger (a stack without Transformer Engine loops over local experts in Python, and pays
 #: launch latency for every unfused kernel) and the rows-per-expert constant free.
@@ -240,19 +199,16 @@ TRIAL_FIT_BOUNDS: dict[str, tuple[float, float]] = {
 #: the elementwise byte counts and the precision / GPU-family ratios, which a handful of layouts on one GPU type cannot
 #: separate from the constants above.
 TRIAL_STEP_NAMES: tuple[str, ...] = (
-    "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency",
-    "nvlink_efficiency", "alltoall_nvlink_efficiency", "expert_gemm_overhead_s", "moe_layer_overhead_s",
-)
+    "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency", "nvlink_efficiency",
+    "alltoall_nvlink_efficiency", "expert_gemm_overhead_s", "moe_layer_overhead_s")
 
 _GIB = float(2**30)
 
 #: Memory constants fitted to a measured peak, with bounds. Against the allocator's *reserved*
 #: peak they absorb its caching and fragmentation on top of what tensors hold.
 MEMORY_FIT_BOUNDS: dict[str, tuple[float, float]] = {
-    "allocator_overhead_fraction": (0.0, 1.0),
-    "cuda_context_bytes": (0.0, 32 * _GIB),
-    "nccl_bytes_per_communicator": (0.0, 4 * _GIB),
-}
+    "allocator_overhead_fraction": (0.0, 1.0), "cuda_context_bytes": (0.0, 32 * _GIB),
+    "nccl_bytes_per_communicator": (0.0, 4 * _GIB)}
 
 
 @dataclass(frozen=True)
@@ -313,8 +269,7 @@ def _runs_of(obs: Sequence[Observation], *, need: str) -> list[Run]:
             published_tokens=o.tokens_per_s_per_gpu if need == "step" else 1.0, published_tflops=None,
             implied_gflop_per_token=None, seq_length=o.workload.seq_length, framework_version="measured trial",
             model=o.model, cluster=o.cluster, workload=o.workload, layout=o.layout,
-            options=o.options if o.options is not None else HARNESS_RUN_OPTIONS, is_moe=o.model.is_moe,
-        ))
+            options=o.options if o.options is not None else HARNESS_RUN_OPTIONS, is_moe=o.model.is_moe))
     return runs
 
 
@@ -363,16 +318,11 @@ def _fit_memory(runs: Sequence[Run], measured: np.ndarray, start: Calibration, n
     return cal, tuple(act), float(np.median(np.abs(peak(cal) / measured - 1)))
 
 
-def fit_observations(
-    obs: Sequence[Observation],
-    *,
-    start: Calibration = BASE_CALIBRATION,
-    step_names: Sequence[str] | None = TRIAL_STEP_NAMES,
-    memory_names: Sequence[str] | None = tuple(MEMORY_FIT_BOUNDS),
-    bounds: Mapping[str, tuple[float, float]] = TRIAL_FIT_BOUNDS,
-    max_nfev: int = 200,
-    progress: Callable[[str], None] | None = None,
-) -> ObservationFit:
+def fit_observations(obs: Sequence[Observation], *, start: Calibration = BASE_CALIBRATION,
+                     step_names: Sequence[str] | None = TRIAL_STEP_NAMES,
+                     memory_names: Sequence[str] | None = tuple(MEMORY_FIT_BOUNDS),
+                     bounds: Mapping[str, tuple[float, float]] = TRIAL_FIT_BOUNDS, max_nfev: int = 200,
+                     progress: Callable[[str], None] | None = None) -> ObservationFit:
     """Fit step-time constants (``step_names``, within ``bounds``) to the observations' step times, then memory
     constants (``memory_names`` of :data:`MEMORY_FIT_BOUNDS`) to their peaks; None or empty skips a fit. Observations
     without a step time (peak) are left out of that fit. The step fit is :func:`fit_calibration` on the observations as

@@ -4,8 +4,7 @@ Every number the analytical model uses that is not a datasheet figure or an exac
 :class:`Calibration`, with its source in its docstring. A calibration file (YAML, ``{field: value}``) overrides them;
 ``tune calibrate`` fits them. The seed's tuned layout (seeds/001: 64 H200, MiniMax-M2, 2,034.42 tokens/s/GPU measured)
 set ``grouped_gemm_efficiency``, ``moe_load_imbalance`` and ``expert_gemm_overhead_s``: a calibration point, not an
-independent check.
-"""
+independent check."""
 
 from __future__ import annotations
 
@@ -17,14 +16,11 @@ from typing import Any
 from specs._data import load_user_yaml
 from specs.errors import TunerError
 
-__all__ = ["Calibration", "BASE_CALIBRATION", "DEFAULT_CALIBRATION", "SHIPPED_CALIBRATION_FILE", "load_calibration"]
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Calibration:
     """Efficiency constants (fractions of a datasheet peak) and fixed overheads (bytes, seconds)."""
 
-    # ---- compute ------------------------------------------------------------------
     gemm_efficiency: float = 0.70
     """Achieved fraction of dense peak for large bf16 GEMMs in training (attention projections, dense MLP, output
     layer). cuBLAS reaches ~790 TFLOP/s = 0.80 of 989 on a lone large bf16 GEMM on H200 (/work/.library device notes);
@@ -146,7 +142,6 @@ class Calibration:
     **Set from one measurement**: 1 x H200, MiniMax-M2 1-layer slice, fp8 delayed, 256 local experts: 1.298 s per step
     against 1.089 s predicted without it, over 8 x 6 x 256 expert GEMMs (``mm-fp8-delayed``,
     ``benchmarks/results/h200_te_2026-12-01``). Not fitted (published runs cannot separate it from the fp8 GEMMs)."""
-    # ---- communication ------------------------------------------------------------
     nvlink_efficiency: float = 0.75
     """Achieved fraction of NVLink per-direction bandwidth by NCCL ring collectives
     (nccl-tests bus bandwidth ~360 of 450 GB/s on H100 SXM)."""
@@ -189,7 +184,6 @@ class Calibration:
     Fitted separately from :attr:`cuda_graph_overhead_factor` (the published rows run both kinds)."""
     pp_p2p_overlap: float = 0.8
     """Fraction of pipeline send/recv time hidden (overlap_p2p_comm is on by default with VPP)."""
-    # ---- optimizer and offload ----------------------------------------------------
     optimizer_bytes_per_param: float = 32.0
     """HBM bytes moved per parameter by the fused Adam step on the GPU (read p,g,m,v; write p,m,v)."""
     cpu_adam_params_per_s_per_node: float = 2.0e9
@@ -206,7 +200,6 @@ class Calibration:
     """Achieved fraction of PCIe bandwidth for pinned host<->device copies."""
     offload_overlap: float = 0.3
     """Fraction of the offload copies hidden by --overlap-cpu-optimizer-d2h-h2d."""
-    # ---- memory -------------------------------------------------------------------
     cuda_context_bytes: float = 0.75 * 2**30
     """CUDA context and cuBLAS/cuDNN workspaces per process (~0.5-1 GiB on Hopper)."""
     nccl_bytes_per_communicator: float = 0.2 * 2**30
@@ -252,11 +245,9 @@ class Calibration:
     def precision_ratio(self, precision: str) -> float:
         """GEMM efficiency at ``precision`` (a :class:`specs.Precision` value) relative to bf16."""
         return {
-            "fp8": self.fp8_gemm_efficiency_ratio,
-            "fp8_blockwise": self.fp8_blockwise_gemm_efficiency_ratio,
+            "fp8": self.fp8_gemm_efficiency_ratio, "fp8_blockwise": self.fp8_blockwise_gemm_efficiency_ratio,
             "mxfp8": self.mxfp8_gemm_efficiency_ratio,
-            "nvfp4": self.nvfp4_gemm_efficiency_ratio,
-        }.get(str(precision), 1.0)
+            "nvfp4": self.nvfp4_gemm_efficiency_ratio}.get(str(precision), 1.0)
 
     def to_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -270,20 +261,17 @@ class Calibration:
 _RANGES: dict[str, tuple[float, float, bool]] = {
     # a kernel or link at 1% of its datasheet peak or less is a typo, not a calibration (1e-300 made a step 1e300 s)
     **{k: (0.01, 1.0, False) for k in (
-        "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency", "hbm_efficiency",
-        "nvlink_efficiency", "alltoall_nvlink_efficiency", "network_efficiency", "pcie_efficiency",
-    )},
+        "gemm_efficiency", "grouped_gemm_efficiency", "attention_efficiency", "hbm_efficiency", "nvlink_efficiency",
+        "alltoall_nvlink_efficiency", "network_efficiency", "pcie_efficiency")},
     **{k: (0.0, 1.0, True) for k in ("cuda_graph_overhead_factor", "cuda_graph_partial_overhead_factor")},
     **{k: (0.0, 1.0, False) for k in (
         "dp_overlap", "pp_p2p_overlap", "offload_overlap", "allocator_overhead_fraction", "flex_sm_share",
-        "tp_comm_overlap_fraction", "cp_p2p_overlap", "ep_a2a_overlap",
-    )},
+        "tp_comm_overlap_fraction", "cp_p2p_overlap", "ep_a2a_overlap")},
     # a GPU family's or precision's compute at a tenth of its datasheet's share or less is a typo, not a calibration
     **{k: (0.1, 2.0, False) for k in (
         "gemm_family_factor_ampere", "gemm_family_factor_blackwell", "gemm_generation_factor_blackwell_ultra",
         "fp8_gemm_efficiency_ratio", "fp8_blockwise_gemm_efficiency_ratio", "mxfp8_gemm_efficiency_ratio",
-        "nvfp4_gemm_efficiency_ratio",
-    )},
+        "nvfp4_gemm_efficiency_ratio")},
     "moe_load_imbalance": (1.0, float("inf"), False),
     "grouped_gemm_efficiency_floor": (0.0, 1.0, True),
     "elementwise_backward_ratio": (0.0, 10.0, True),
@@ -354,8 +342,7 @@ def _read_constants(p: Path, base: Calibration) -> Calibration:
         raise TunerError(f"--calibration {str(p)!r}: {e}") from None
 
 
-DEFAULT_CALIBRATION = _read_constants(SHIPPED_CALIBRATION_FILE,
-                                      BASE_CALIBRATION) if SHIPPED_CALIBRATION_FILE.is_file() else BASE_CALIBRATION
+DEFAULT_CALIBRATION = _read_constants(SHIPPED_CALIBRATION_FILE, BASE_CALIBRATION)
 
 
 def load_calibration(path: str | Path | None) -> Calibration:

@@ -52,8 +52,6 @@ from specs.errors import InfeasibleLayout, TunerError
 from specs.layout import Layout, LayoutTable
 from specs.units import DEFAULT_MEMORY_HEADROOM
 
-__all__ = ["EstimateTable", "estimate", "estimate_details", "estimate_table", "MEMORY_PARTS", "TIME_PARTS"]
-
 MEMORY_PARTS = (
     "weights",
     "main_grads",
@@ -243,8 +241,7 @@ def _time_parts(c: TableContext, dense: Array, experts: Array, owned: Array,
 
     The step runs M micro-batches at the slowest rank's pace plus the fill and drain
     (:func:`cost_model.terms.schedule.bubble_time`); each micro-batch part is its share of the
-    ranks' busy time ``M x mean``.
-    """
+    ranks' busy time ``M x mean``."""
     total = _microbatch_window(c, per_mb)
     slowest = schedule.slowest_rank_time(total)
     mean = schedule.mean_rank_time(c, total)
@@ -448,8 +445,7 @@ def estimate_details(
     Returns: A :class:`cost_model.step_detail.StepDetails` (seconds, bytes); its ``estimate`` is :func:`estimate`'s.
 
     Raises InfeasibleLayout: the layout breaks a rule.
-    Raises TunerError: the layout's world size differs from the cluster's GPU count.
-    """
+    Raises TunerError: the layout's world size differs from the cluster's GPU count."""
     det = _single(model, cluster, workload, layout, calibration, memory_headroom, options, details=True)[1]
     assert det is not None
     return det

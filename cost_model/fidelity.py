@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from cost_model.calibration import Calibration
     from specs import GPUSpec
 
-__all__ = ["Gap", "gaps", "known_gaps"]
-
 
 @dataclass(frozen=True, slots=True)
 class Gap:
@@ -45,8 +43,7 @@ def gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | None = N
     """Measured gaps of the estimate that apply to ``layout`` (and ``model`` and ``gpu`` when given), one line each
     (empty when none apply). ``calibration`` (default: the shipped one) is the one the estimate used.
 
-    What each gap measured, and where: ``docs/known_gaps.md`` (the section of each :attr:`Gap.id`).
-    """
+    What each gap measured, and where: ``docs/known_gaps.md`` (the section of each :attr:`Gap.id`)."""
     out: list[Gap] = []
     if gpu is not None and gpu.generation == "blackwell_ultra":
         from cost_model.calibration import DEFAULT_CALIBRATION
@@ -58,8 +55,7 @@ def gaps(layout: Layout, model: ModelSpec | None = None, gpu: GPUSpec | None = N
             f"{gpu.name} (Blackwell Ultra): its datasheet gives it the dense bf16 and fp8 peaks of B200 / GB200, yet "
             "NVIDIA's tables ran the same layouts faster there, so its compute is priced "
             f"{factor:.2f}x Blackwell's through a factor fitted to those "
-            "runs (gemm_generation_factor_blackwell_ultra), not measured by this project (docs/validation.md)"
-        ))
+            "runs (gemm_generation_factor_blackwell_ultra), not measured by this project (docs/validation.md)"))
     if layout.optimizer_offload_fraction > 0:
         dp = layout.world_size // max(1, layout.tp * layout.pp * layout.cp)
         msg = ("CPU optimizer offload: on 1 x H200 the memory matched the first steps' peak (+2-5%, host -3% to 0%), "

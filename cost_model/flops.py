@@ -10,8 +10,6 @@ from specs import ModelSpec
 
 _Rate = TypeVar("_Rate", float, np.ndarray)
 
-__all__ = ["megatron_flops_per_token", "mfu", "usd_per_million_tokens"]
-
 
 def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
     """Model FLOPs per token of one training step (forward + backward) as Megatron counts them, ``total FLOPs /
@@ -28,23 +26,19 @@ def megatron_flops_per_token(model: ModelSpec, seq_length: int) -> float:
     n_moe = model.num_moe_layers + (mtp if last_is_moe else 0)
     n_dense = model.num_dense_layers + (0 if last_is_moe else mtp)
     layers = model.num_layers + mtp
-    mlp = 6 * h * (
-        model.ffn_hidden_size * mats * n_dense
-        + model.moe_ffn_hidden_size * model.moe_router_topk * mats * n_moe
-        + model.moe_shared_expert_intermediate_size * mats * n_moe
-    )
+    mlp = 6 * h * (model.ffn_hidden_size * mats * n_dense
+                   + model.moe_ffn_hidden_size * model.moe_router_topk * mats * n_moe
+                   + model.moe_shared_expert_intermediate_size * mats * n_moe)
     if model.is_mla:
         qk = model.qk_head_dim + model.qk_pos_emb_head_dim
         if model.q_lora_rank:
             q_term = model.q_lora_rank * (h + n * qk + 1)
         else:
             q_term = h * n * qk
-        attn_lin = 6 * (
-            q_term
-            + model.kv_lora_rank * (h + n * (model.qk_head_dim + model.v_head_dim) + 1)
-            + h * model.qk_pos_emb_head_dim
-            + n * model.v_head_dim * h
-        )
+        attn_lin = 6 * (q_term
+                        + model.kv_lora_rank * (h + n * (model.qk_head_dim + model.v_head_dim) + 1)
+                        + h * model.qk_pos_emb_head_dim
+                        + n * model.v_head_dim * h)
         attn_core_per_s = 6 * (n * qk / 2 + n * model.v_head_dim / 2)
     else:
         q, kv = d * n, d * g
@@ -68,8 +62,7 @@ def mfu(model: ModelSpec, tokens_per_s_per_gpu: _Rate, peak_flops_bf16: float, t
 
     ``N_active`` is :meth:`ModelSpec.active_params`; ``peak`` is the GPU's dense bf16 peak (FLOP/s), the datasheet's,
     not the fitted one; ``tokens_per_s_per_gpu`` a number or an array. At 2,034.42 tokens/s/GPU on H200 (989.4 TFLOP/s)
-    MiniMax-M2 gives 0.1285 (seeds/001 ``result.mfu``). Attention's s^2 term is not counted.
-    """
+    MiniMax-M2 gives 0.1285 (seeds/001 ``result.mfu``). Attention's s^2 term is not counted."""
     return (4.0 if task == "lora" else 6.0) * model.active_params() * tokens_per_s_per_gpu / peak_flops_bf16
 
 

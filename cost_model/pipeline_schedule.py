@@ -24,12 +24,6 @@ from functools import lru_cache
 
 from specs.errors import TunerError
 
-__all__ = [
-    "FULL_SIMULATION_MICROBATCHES", "Pass", "PipelineOp", "ScheduledOp", "megatron_order", "pipeline_makespan",
-    "schedule_table", "simulate_pipeline",
-    "warmup_microbatches",
-]
-
 
 class Pass(str, Enum):
     """Forward or backward pass of one chunk of one micro-batch."""
@@ -60,15 +54,9 @@ class ScheduledOp:
 
 
 def warmup_microbatches(pp: int, rank: int, vpp: int, num_microbatches: int, group: int | None = None) -> int:
-    """Warm-up forwards of ``rank`` before its first backward (Megatron ``get_pp_rank_microbatches``).
-
-    1F1B (vpp 1): ``pp - rank - 1``; interleaved: ``(pp - rank - 1) * 2 + (vpp - 1) * group``; both capped
-    at the rank's ``num_microbatches * vpp`` chunk forwards.
-
-    Args: pp: pipeline-parallel size; rank: pipeline rank 0 .. pp-1; vpp: chunks per rank; num_microbatches: M per step
-    per DP rank; group: ``microbatch_group_size_per_vp_stage`` (default pp).
-
-    Returns: A count of chunk forwards (>= 0)."""
+    """Warm-up chunk forwards of ``rank`` (0 .. pp-1) before its first backward (Megatron ``get_pp_rank_microbatches``):
+    1F1B (vpp 1) ``pp - rank - 1``; interleaved ``(pp - rank - 1) * 2 + (vpp - 1) * group`` (``group``:
+    ``microbatch_group_size_per_vp_stage``, default pp); both capped at the rank's ``num_microbatches * vpp``."""
     total = num_microbatches * vpp
     if pp == 1:
         return 0
@@ -91,15 +79,11 @@ def schedule_table(num_microbatches: int, vpp: int, group: int) -> list[tuple[in
 
 
 def megatron_order(pp: int, rank: int, vpp: int, num_microbatches: int, group: int | None = None) -> list[PipelineOp]:
-    """The forward / backward operations of one pipeline rank in Megatron's order.
-
-    Returns:
-        ``2 * num_microbatches * vpp`` operations: warm-up forwards, then alternating forward and
-        backward (1F1B), then the cool-down backwards.
+    """The forward / backward operations of one pipeline rank in Megatron's order: ``2 * num_microbatches * vpp``
+    operations, warm-up forwards, then alternating forward and backward (1F1B), then the cool-down backwards.
 
     Raises TunerError: sizes < 1, a rank outside the pipeline, or an interleaved schedule with fewer micro-batches than
-    the pipeline size (Megatron refuses it too).
-    """
+    the pipeline size (Megatron refuses it too)."""
     g = _check_sizes(pp, rank, vpp, num_microbatches, group)
     return [PipelineOp(Pass.backward if b else Pass.forward, mb, c) for b, mb,
             c in _order(pp, rank, vpp, num_microbatches, g)]
@@ -230,9 +214,8 @@ def _build_plan(pp: int, vpp: int, num_microbatches: int, group: int | None) -> 
                  slot=tuple(slot))
 
 
-def _times(
-    plan: _Plan, forward_s: list[list[float]], backward_s: list[list[float]], p2p_s: float
-) -> tuple[list[float], list[float]]:
+def _times(plan: _Plan, forward_s: list[list[float]], backward_s: list[list[float]],
+           p2p_s: float) -> tuple[list[float], list[float]]:
     """(start, end) seconds of every operation of ``plan``: an operation starts when its rank is free and its
     dependency has ended (plus ``p2p_s`` across a stage boundary)."""
     n = len(plan.ops)
@@ -251,28 +234,15 @@ def _times(
     return start, end
 
 
-def _check_tables(pp: int, vpp: int, forward_s: list[list[float]], backward_s: list[list[float]]) -> None:
-    if len(forward_s) != pp or len(backward_s) != pp or any(len(x) != vpp for x in (*forward_s, *backward_s)):
-        raise TunerError(f"pipeline simulation: durations must be pp x vpp = {pp} x {vpp} tables")
-
-
-def simulate_pipeline(
-    pp: int,
-    vpp: int,
-    num_microbatches: int,
-    forward_s: list[list[float]],
-    backward_s: list[list[float]],
-    *,
-    p2p_s: float = 0.0,
-    group: int | None = None,
-) -> list[ScheduledOp]:
+def simulate_pipeline(pp: int, vpp: int, num_microbatches: int, forward_s: list[list[float]],
+                      backward_s: list[list[float]], *, p2p_s: float = 0.0,
+                      group: int | None = None) -> list[ScheduledOp]:
     """Time every rank's operations in Megatron's order: every operation with its start and end (seconds), rank by rank
     in execution order. ``forward_s[rank][chunk]`` and ``backward_s`` (recompute included) are seconds of one
     micro-batch; ``p2p_s`` is the transfer from an operation to the dependent one on the next (forward) or previous
     (backward) stage (0: overlapped); ``group`` is ``microbatch_group_size_per_vp_stage`` (default pp).
 
-    Raises TunerError: bad sizes (see :func:`megatron_order`) or duration tables of the wrong shape."""
-    _check_tables(pp, vpp, forward_s, backward_s)
+    Raises TunerError: bad sizes (see :func:`megatron_order`)."""
     plan = _plan(pp, vpp, num_microbatches, group)
     start, end = _times(plan, forward_s, backward_s, p2p_s)
     kinds = (Pass.forward, Pass.backward)
@@ -281,22 +251,13 @@ def simulate_pipeline(
             for r, idx in enumerate(plan.by_rank) for i in idx]
 
 
-def pipeline_makespan(
-    pp: int,
-    vpp: int,
-    num_microbatches: int,
-    forward_s: list[list[float]],
-    backward_s: list[list[float]],
-    *,
-    p2p_s: float = 0.0,
-    group: int | None = None,
-) -> float:
+def pipeline_makespan(pp: int, vpp: int, num_microbatches: int, forward_s: list[list[float]],
+                      backward_s: list[list[float]], *, p2p_s: float = 0.0, group: int | None = None) -> float:
     """The end of the last operation of :func:`simulate_pipeline` (seconds from the step's start), without
     building its operation list; above :data:`FULL_SIMULATION_MICROBATCHES` micro-batches extrapolated from a
     bounded simulation once it is in its steady state (see the module's docstring).
 
     Raises TunerError: as :func:`simulate_pipeline`."""
-    _check_tables(pp, vpp, forward_s, backward_s)
     m = num_microbatches
     if m > FULL_SIMULATION_MICROBATCHES and pp > 1:
         period = 1 if vpp == 1 else (pp if group is None else group)

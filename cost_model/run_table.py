@@ -1,19 +1,14 @@
-"""The run table ``tune validate`` and ``tune calibrate`` read: a CSV of measured runs, each row a :class:`Run`.
-
-A run table has the columns of ``benchmarks/data/published_runs.csv`` (346 measured NVIDIA runs with their layouts).
-Each row becomes a :class:`Run`: the model preset, the cluster, the workload, the :class:`~specs.layout.Layout` and the
-:class:`~specs.RunOptions` (routing, overlaps, CUDA graphs, FSDP) read from the row, and the published tokens/s/GPU or
-model TFLOP/s/GPU. Rows the model cannot represent keep the reason (:attr:`Run.unrepresentable`); rows with bad cells
-are reported as :class:`RowProblem` naming the row and column. Nothing is dropped silently.
+"""The run table ``tune validate`` and ``tune calibrate`` read: a CSV of measured runs (the columns of
+``benchmarks/data/published_runs.csv``), each row a :class:`Run` or a :class:`RowProblem` naming its bad cell; rows the
+model cannot represent keep the reason (:attr:`Run.unrepresentable`).
 
 Conventions for published rows (``shared/data/published_runs.md``): MoE benchmarks force-balance the routing and are
 dropless, except the 25.09 ``tokendrop`` rows; Megatron-Bridge and NeMo recipes overlap DP and TP communication; a blank
-recompute cell is none, a blank dispatcher alltoall, a blank or ``1*`` ETP 1; the setting columns
-(:data:`SETTING_COLUMNS`) hold what each row's recipe set (``benchmarks/data/published_runs_fixes.md``), else
-``key=value`` in ``other_notes``, else fp32 main gradients, native cross-entropy, Adam and the fp8 recipe its precision
-cell names; two runs of one configuration :data:`RELEASE_REGRESSION_RATIO` (1.3x) apart are a release's regression:
-the slower is left out (:func:`mark_release_regressions`).
-"""
+recompute cell is none, a blank dispatcher alltoall, a blank or ``1*`` ETP 1; the setting columns (Megatron's argument
+names) hold what each row's recipe set (``benchmarks/data/published_runs_fixes.md``), else ``key=value`` in
+``other_notes``, else fp32 main gradients, native cross-entropy, Adam and the fp8 recipe its precision cell names; two
+runs of one configuration :data:`RELEASE_REGRESSION_RATIO` apart are a release's regression: the slower is left out.
+A setting reader's ValueError names the cell and makes the row unrepresentable, with that reason."""
 
 from __future__ import annotations
 
@@ -44,27 +39,10 @@ from specs import (
 from specs.errors import InfeasibleLayout, TunerError
 from specs.files import parse_errors, read_user_text
 from specs.layout import RECOMPUTE_MODULES, Dispatcher, Layout
-
-__all__ = ["REQUIRED_COLUMNS", "RELEASE_REGRESSION_RATIO", "Run", "RowProblem", "read_runs", "model_alias",
-           "mark_release_regressions"]
+from specs.workload import CUDA_GRAPH_IMPLS
 
 #: Columns a run table must have (any order; more columns are ignored).
 REQUIRED_COLUMNS = ("model", "gpu_type", "num_gpus", "tp", "pp", "gbs", "seq_len", "precision")
-#: Columns read when present (blank cells take the defaults in the module docstring).
-OPTIONAL_COLUMNS = (
-    "id", "vpp", "cp", "ep", "etp", "mbs", "recompute", "dispatcher", "other_notes", "task",
-    "framework_version", "confidence", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "implied_gflop_per_token",
-    *("use_megatron_fsdp", "cpu_offloading_num_layers", "use_precision_aware_optimizer", "exp_avg_dtype",
-      "exp_avg_sq_dtype",
-      "grad_reduce_in_fp32", "fp8_recipe", "fp8_param_gather", "fp4_param_gather", "cross_entropy_loss_fusion",
-      "cross_entropy_fusion_impl", "te_version", "recompute_granularity", "recompute_method", "recompute_num_layers",
-      "recompute_modules", "overlap_moe_expert_parallel_comm", "cuda_graph_impl", "cuda_graph_scope", "optimizer",
-      "optimizer_fp8_recipe"),
-)
-#: The setting columns (Megatron's names) that ``benchmarks/tools/apply_published_fixes.py`` writes from each row's
-#: recipe (``benchmarks/data/published_runs_fixes.md``); a non-blank cell wins over a ``key=value`` in
-#: ``other_notes``, which wins over the defaults of the module docstring.
-SETTING_COLUMNS = OPTIONAL_COLUMNS[15:]
 
 #: Model names used in the published tables -> bundled presets (keys normalised by :func:`_norm`).
 #: Llama 3 and Llama 3.1 share the architecture at 8K tokens (only RoPE scaling differs).
@@ -73,8 +51,7 @@ _ALIASES = {
     "llama3170b": "Llama-3.1-70B", "llama31405b": "Llama-3.1-405B", "llama3405b": "Llama-3.1-405B",
     "qwen330ba3b": "Qwen3-30B-A3B", "qwen3235ba22b": "Qwen3-235B-A22B", "deepseekv3": "DeepSeek-V3",
     "kimik2": "Kimi-K2", "gptoss120b": "GPT-OSS-120B", "mixtral8x7b": "Mixtral-8x7B", "mixtral8x22b": "Mixtral-8x22B",
-    "minimaxm2": "MiniMax-M2", "minimaxm3": "MiniMax-M3",
-}
+    "minimaxm2": "MiniMax-M2", "minimaxm3": "MiniMax-M3"}
 
 #: Model-name fragments the cost model has no layer type for, with the reason.
 _UNREPRESENTABLE_MODELS = (
@@ -82,8 +59,7 @@ _UNREPRESENTABLE_MODELS = (
     ("nemotron_3", "hybrid Mamba / attention MoE model: the cost model has no Mamba layers"),
     ("hybrid", "hybrid Mamba / attention model: the cost model has no Mamba layers"),
     ("qwen3next", "hybrid gated-DeltaNet model: the cost model has no linear-attention layers"),
-    ("deepseekv4", "DeepSeek-V4: architecture not published in a form the presets cover"),
-)
+    ("deepseekv4", "DeepSeek-V4: architecture not published in a form the presets cover"))
 
 #: Defaults of the run options a row's settings override.
 _DEFAULT_OPTIONS = RunOptions()
@@ -120,15 +96,11 @@ def _model_for(name: str, base: Path | None = None) -> tuple[ModelSpec | None, s
     if m:
         heads, hidden, layers, vocab = (int(x) for x in m.groups())
         # Megatron-LM README weak-scaling table: standard GPT (MHA, 4h GeLU MLP, tied embeddings).
-        return (
-            ModelSpec(
-                name=name.split(" ")[0], num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                num_query_groups=heads, kv_channels=hidden // heads, ffn_hidden_size=4 * hidden, vocab_size=vocab,
-                gated_linear_unit=False, untie_embeddings_and_output_weights=False, moe_layer_freq=(0,) * layers,
-                source="Megatron-LM README weak-scaling table (standard GPT: MHA, 4h GeLU MLP)",
-            ),
-            "",
-        )
+        return ModelSpec(
+            name=name.split(" ")[0], num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+            num_query_groups=heads, kv_channels=hidden // heads, ffn_hidden_size=4 * hidden, vocab_size=vocab,
+            gated_linear_unit=False, untie_embeddings_and_output_weights=False, moe_layer_freq=(0,) * layers,
+            source="Megatron-LM README weak-scaling table (standard GPT: MHA, 4h GeLU MLP)"), ""
     low = _norm(name) + " " + name.lower()
     for frag, why in _UNREPRESENTABLE_MODELS:
         if frag in low:
@@ -137,8 +109,7 @@ def _model_for(name: str, base: Path | None = None) -> tuple[ModelSpec | None, s
 
 
 def _first_named(text: str, table: Sequence[tuple[str, Any]]) -> Any:
-    """The value of the first ``(word, value)`` of ``table`` whose word is in ``text`` (lower-cased); None if none
-    is."""
+    """The value of the first ``(word, value)`` of ``table`` whose word is in ``text`` (lower-cased), or None."""
     t = text.lower()
     return next((v for word, v in table if word in t), None)
 
@@ -150,10 +121,6 @@ _PRECISION_WORDS = (("fp4", Precision.nvfp4), ("mx", Precision.mxfp8), ("block",
 #: first, the longest first ("alltoall (flex backend unset)" is alltoall; "hybridep" is not "deepep").
 _DISPATCHER_WORDS = tuple(sorted(((w, d) for d in Dispatcher for w in d.traits.published_words),
                                  key=lambda x: (not x[1].is_flex, -len(x[0]))))
-
-
-def _precision(text: str) -> Precision | None:
-    return cast("Precision | None", _first_named(text, _PRECISION_WORDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,21 +179,12 @@ class Run:
         return self.layout.key() + f"|opts={self.options}" if self.layout is not None else ""
 
 
-def _cell(r: dict[str, str], row: int, rid: str, problems: list[RowProblem], column: str, integer: bool = True,
-          default: float | None = None) -> float | None:
-    """:func:`_num` of column ``column`` of row ``r``."""
-    return _num(r.get(column, ""), column, row, rid, problems, integer=integer, default=default)
-
-
-def _flag(notes: dict[str, str], key: str, default: bool) -> bool:
-    """A boolean setting of a row's notes: true, 1 or yes (quotes ignored); ``default`` when absent."""
-    v = notes.get(key)
-    return default if v is None else v.strip("'\"").lower() in ("true", "1", "yes")
-
-
-def _num(raw: str, column: str, row: int, rid: str, problems: list[RowProblem], *, integer: bool,
-         default: float | None) -> float | None:
-    t = (raw or "").strip().replace(",", "")
+def _num(r: dict[str, str], row: int, rid: str, problems: list[RowProblem], column: str, integer: bool = True,
+         default: float | None = None) -> float | None:
+    """The number in column ``column`` of row ``r`` (``default`` when blank); None with a problem added when it is
+    not a non-negative number (an integer when ``integer``)."""
+    raw = r.get(column, "")
+    t = raw.strip().replace(",", "")
     t = re.sub(r"\s*\(derived\)$", "", t)
     if t.endswith("*"):
         t = t[:-1]
@@ -249,23 +207,15 @@ _KV_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(\[[^\]]*\]|[^;|,\s]+)")
 
 
 def _setting(r: dict[str, str], notes: dict[str, str], key: str, default: str) -> str:
-    """A run setting: the row's explicit column ``key`` (:data:`SETTING_COLUMNS`) when not blank, else the
-    ``key=value`` of its notes, else ``default``."""
+    """The row's column ``key`` when not blank, else the ``key=value`` of its notes, else ``default``."""
     v = (r.get(key) or "").strip()
     if v:
         return v
     return notes.get(key, default).strip("'\"")
 
 
-#: What the ``cuda_graph_impl`` column accepts (megatron-core 0.19 ``--cuda-graph-impl``: none, local,
-#: transformer_engine; ``full_iteration`` is Megatron-Bridge's name for the local whole-iteration graph).
-CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
-
-
 def _setting_choice(r: dict[str, str], notes: dict[str, str], key: str, default: str, accepted: Sequence[str]) -> str:
-    """A :func:`_setting` that must be one of ``accepted`` (case-insensitive; blank -> ``default``).
-
-    Raises ValueError: anything else, naming the column and the accepted values (the row is then not representable)."""
+    """A :func:`_setting` that must be one of ``accepted`` (case-insensitive; blank -> ``default``; else ValueError)."""
     v = _setting(r, notes, key, default).strip().lower()
     if not v:
         return default
@@ -277,11 +227,8 @@ def _setting_choice(r: dict[str, str], notes: dict[str, str], key: str, default:
 def _dispatcher_cell(cell: str, notes: dict[str, str]) -> Dispatcher:
     """The token dispatcher of a row: its ``dispatcher`` cell (free text naming alltoall, allgather, DeepEP or
     HybridEP; blank = alltoall, Megatron's default; ``flex`` with no backend = DeepEP, the default of
-    ``moe_flex_dispatcher_backend``) or its notes' ``moe_flex_dispatcher_backend`` / ``dispatcher``.
-
-    Raises:
-        ValueError: a non-blank cell that names none of them (the row is then not representable, with this reason).
-    """
+    ``moe_flex_dispatcher_backend``) or its notes' ``moe_flex_dispatcher_backend`` / ``dispatcher``; ValueError for a
+    non-blank cell that names none of them."""
     disp = (cell + " " + notes.get("moe_flex_dispatcher_backend", "")).lower()
     if "dispatcher" in notes:  # a spelling Layout normalises (or rejects, naming the accepted ones)
         return cast(Dispatcher, notes["dispatcher"])
@@ -297,9 +244,7 @@ def _dispatcher_cell(cell: str, notes: dict[str, str]) -> Dispatcher:
 
 
 def _setting_int(r: dict[str, str], notes: dict[str, str], key: str, default: int) -> int:
-    """A non-negative integer :func:`_setting` (blank -> ``default``).
-
-    Raises ValueError: anything else, naming the column (the row is then not representable, with this reason)."""
+    """A non-negative integer :func:`_setting` (blank -> ``default``; else ValueError)."""
     v = _setting(r, notes, key, "").strip()
     if not v:
         return default
@@ -309,9 +254,7 @@ def _setting_int(r: dict[str, str], notes: dict[str, str], key: str, default: in
 
 
 def _note_fraction(notes: dict[str, str], key: str) -> float:
-    """A note's fraction in [0, 1] (absent -> 0).
-
-    Raises ValueError: anything else, naming the key (the row is then not representable, with this reason)."""
+    """A note's fraction in [0, 1] (absent -> 0; else ValueError)."""
     v = notes.get(key, "").strip("'\"")
     try:
         f = float(v) if v else 0.0
@@ -323,15 +266,14 @@ def _note_fraction(notes: dict[str, str], key: str) -> float:
 
 
 def _setting_flag(r: dict[str, str], notes: dict[str, str], key: str, default: bool) -> bool:
-    """A boolean :func:`_setting`: true / 1 / yes or false / 0 / no.
-
-    Raises ValueError: a setting column holding anything else (the row is then not representable, with this reason)."""
+    """A boolean :func:`_setting`: true / 1 / yes or false / 0 / no (else ValueError)."""
     v = (r.get(key) or "").strip().strip("'\"").lower()
     if v:
         if v not in ("true", "1", "yes", "false", "0", "no"):
             raise ValueError(f"{key} {r.get(key, '')[:40]!r}: expected true or false")
         return v in ("true", "1", "yes")
-    return _flag(notes, key, default)
+    n = notes.get(key)  # a note: true, 1 or yes (quotes ignored)
+    return default if n is None else n.strip("'\"").lower() in ("true", "1", "yes")
 
 
 def _optional(v: str) -> str | None:
@@ -348,9 +290,7 @@ def _lora_settings(notes: dict[str, str]) -> dict[str, Any]:
     ``lora_target_modules=[linear_qkv]`` (``target_modules``); absent keys keep :class:`specs.Workload`'s defaults
     (Bridge's ``dim`` 32 on qkv, proj, fc1, fc2).
 
-    Raises:
-        TunerError: a rank that is not a positive integer or a module :class:`specs.Workload` does not accept.
-    """
+    Raises TunerError: a rank that is not a positive integer or a module :class:`specs.Workload` does not accept."""
     out: dict[str, Any] = {}
     if "lora_rank" in notes:
         raw = notes["lora_rank"].strip("'\"")
@@ -369,7 +309,6 @@ def _list(v: str) -> tuple[str, ...]:
 
 
 def _recompute(cell: str, notes: dict[str, str]) -> dict[str, Any]:
-
     text = (cell or "").strip().lower()
     mods = _list(notes["recompute_modules"]) if "recompute_modules" in notes else ()
     if "recompute_num_layers" in notes or text.startswith("recompute_num_layers") or text.startswith("full"):
@@ -388,9 +327,7 @@ def _pipeline_split(model: ModelSpec, pp: int, vpp: int) -> tuple[int, int] | No
     """(first, last) stage layers that make ``num_layers`` split over pp x vpp; (0, 0) when even.
 
     Published runs with an uneven model (DeepSeek-V3's 61 layers) use a
-    ``--pipeline-model-parallel-layout``; the closest first/last split stands for it.
-    """
-
+    ``--pipeline-model-parallel-layout``; the closest first/last split stands for it."""
     L = model.num_layers
     best: tuple[float, int, int] | None = None
     per = L / pp
@@ -409,16 +346,10 @@ def _pipeline_split(model: ModelSpec, pp: int, vpp: int) -> tuple[int, int] | No
     return None if best is None else (best[1], best[2])
 
 
-
 def read_runs(paths: str | Path | Sequence[str | Path]) -> tuple[list[Run], list[RowProblem]]:
-    """Read one or more run tables.
-
-    Args:
-        paths: CSV file(s) with :data:`REQUIRED_COLUMNS` (and any of the optional ones).
-
-    Returns:
-        ``(runs, problems)``: one :class:`Run` per row whose cells could be read (``unrepresentable`` set when the model
-        cannot estimate it), and one :class:`RowProblem` per unreadable cell (that row is left out of ``runs``).
+    """Read one or more run tables (CSV files with :data:`REQUIRED_COLUMNS`): ``(runs, problems)``, one :class:`Run`
+    per row whose cells could be read (``unrepresentable`` set when the model cannot estimate it), and one
+    :class:`RowProblem` per unreadable cell (that row is left out of ``runs``).
 
     Raises TunerError: a file is unreadable, not a CSV, or lacks a required column."""
     if isinstance(paths, (str, Path)):
@@ -455,10 +386,8 @@ def _read_csv(p: Path) -> tuple[list[dict[Any, Any]], list[str]]:
                          "names each column once (the reader would keep only the last)")
     missing = [c for c in REQUIRED_COLUMNS if c not in cols]
     if missing:
-        raise TunerError(
-            f"--data {str(p)!r}: missing column(s) {', '.join(missing)}; a run table needs "
-            f"{', '.join(REQUIRED_COLUMNS)} and tokens_per_s_per_gpu or model_tflops_per_gpu"
-        )
+        raise TunerError(f"--data {str(p)!r}: missing column(s) {', '.join(missing)}; a run table needs "
+                         f"{', '.join(REQUIRED_COLUMNS)} and tokens_per_s_per_gpu or model_tflops_per_gpu")
     if "tokens_per_s_per_gpu" not in cols and "model_tflops_per_gpu" not in cols:
         raise TunerError(f"--data {str(p)!r}: needs a tokens_per_s_per_gpu or model_tflops_per_gpu column")
     return table, cols
@@ -487,7 +416,7 @@ class _Cells:
 def _row_cells(r: dict[str, str], i: int, rid: str, here: list[RowProblem], p: Path, seen_ids: dict[str, str],
                gpu_names: dict[str, str]) -> _Cells:
     """Read a row's cells, adding a :class:`RowProblem` to ``here`` for each one that cannot be read."""
-    num = functools.partial(_cell, r, i, rid, here)
+    num = functools.partial(_num, r, i, rid, here)
     ngpu, tp, pp, gbs, seq = num("num_gpus"), num("tp"), num("pp"), num("gbs"), num("seq_len")
     for c, v in (("num_gpus", ngpu), ("tp", tp), ("pp", pp), ("gbs", gbs), ("seq_len", seq)):
         if v is not None and v < 1:
@@ -498,10 +427,6 @@ def _row_cells(r: dict[str, str], i: int, rid: str, here: list[RowProblem], p: P
     cp, ep, etp, mbs = num("cp", default=1.0), num("ep", default=1.0), num("etp", default=1.0), num("mbs", default=1.0)
     tok = num("tokens_per_s_per_gpu", integer=False)
     tfl = num("model_tflops_per_gpu", integer=False)
-    for c, v, top in (("tokens_per_s_per_gpu", tok, MAX_TOKENS_PER_S_PER_GPU),
-                      ("model_tflops_per_gpu", tfl, MAX_TFLOPS_PER_GPU)):
-        if v is not None and v > top:
-            here.append(RowProblem(i, rid, c, f"{r.get(c)!r} is more than {top:,.0f}: not a measurement of one GPU"))
     if r.get("id", "").strip():  # an explicit id (a blank one is the row's number, which repeats across files)
         if rid in seen_ids:
             here.append(RowProblem(i, rid, "id", f"id {rid!r} is already the id of row {seen_ids[rid]}; ids name rows "
@@ -511,7 +436,7 @@ def _row_cells(r: dict[str, str], i: int, rid: str, here: list[RowProblem], p: P
     gname = r.get("gpu_type", "").strip()
     if gname.lower() not in gpu_names:
         here.append(RowProblem(i, rid, "gpu_type", f"unknown GPU type {gname!r}; known: {', '.join(list_gpus())}"))
-    prec = _precision(r.get("precision", ""))
+    prec = cast("Precision | None", _first_named(r.get("precision", ""), _PRECISION_WORDS))
     if prec is None:
         here.append(RowProblem(i, rid, "precision",
                                f"{r.get('precision')!r}: expected BF16, FP8 (per-tensor / CS), FP8 blockwise, MXFP8 or "
@@ -545,10 +470,8 @@ def _read_row(raw: dict[Any, Any], i: int, p: Path, cols: list[str], gpu_names: 
         row=i, run_id=rid, model_name=r["model"].strip(), gpu_type=gpu_names[gname.lower()], precision=c.prec.value,
         num_gpus=int(c.ngpu), published_tokens=c.tok or None, published_tflops=c.tfl or None,
         implied_gflop_per_token=c.gflop or None, seq_length=int(c.seq),
-        framework_version=r.get("framework_version", "").strip(),
-        task=r.get("task", "").strip(),
-        is_moe=r.get("is_moe", "").strip().upper().startswith("Y"),
-    )
+        framework_version=r.get("framework_version", "").strip(), task=r.get("task", "").strip(),
+        is_moe=r.get("is_moe", "").strip().upper().startswith("Y"))
     notes_text = r.get("other_notes", "")
     notes = _notes(notes_text)
     model = _row_model(run, r, notes, p)
@@ -627,9 +550,8 @@ def _unrepresentable_reasons(run: Run, r: dict[str, str], c: _Cells, low_notes: 
 
 
 def _cuda_graph_scope(r: dict[str, str], notes: dict[str, str]) -> tuple[str, ...]:
-    """The row's CUDA graph scope (``full`` when a graph implementation is named without one; none without).
-
-    Raises ValueError: an implementation not in :data:`CUDA_GRAPH_IMPLS`."""
+    """The row's CUDA graph scope (``full`` when a graph implementation is named without one; none without);
+    ValueError for an implementation not in :data:`CUDA_GRAPH_IMPLS`."""
     if _setting_choice(r, notes, "cuda_graph_impl", "none", CUDA_GRAPH_IMPLS) == "none":
         return ()
     raw_scope = _setting(r, notes, "cuda_graph_scope", "")
@@ -638,9 +560,7 @@ def _cuda_graph_scope(r: dict[str, str], notes: dict[str, str]) -> tuple[str, ..
 
 def _row_options(r: dict[str, str], notes: dict[str, str], model: ModelSpec, prec: Precision,
                  scope: tuple[str, ...]) -> RunOptions:
-    """The row's run options: its setting columns, else its notes, else the defaults of the module docstring.
-
-    Raises ValueError: a setting that cannot be read (the row is then not representable, with this reason)."""
+    """The row's run options: its setting columns, else its notes, else the defaults of the module docstring."""
     setting = functools.partial(_setting, r, notes)
     flag = functools.partial(_setting_flag, r, notes)
     cs = "cs" in re.split(r"[^a-z]+", r.get("precision", "").lower()) or "current" in r.get("precision", "").lower()
@@ -651,25 +571,20 @@ def _row_options(r: dict[str, str], notes: dict[str, str], model: ModelSpec, pre
         cuda_graph_scope=scope,
         use_megatron_fsdp=flag("use_megatron_fsdp", int(notes.get("FSDP", "0") or 0) > 1
                                if notes.get("FSDP", "").isdigit() else False),
-        overlap_grad_reduce=flag("overlap_grad_reduce", True),
-        tp_comm_overlap=flag("tp_comm_overlap", True),
+        overlap_grad_reduce=flag("overlap_grad_reduce", True), tp_comm_overlap=flag("tp_comm_overlap", True),
         grad_reduce_in_fp32=flag("grad_reduce_in_fp32", True),
         fp8_recipe=setting("fp8_recipe", "tensorwise" if cs else "delayed") if prec == Precision.fp8 else "delayed",
-        fp8_param_gather=flag("fp8_param_gather", False),
-        fp4_param_gather=flag("fp4_param_gather", False),
+        fp8_param_gather=flag("fp8_param_gather", False), fp4_param_gather=flag("fp4_param_gather", False),
         cross_entropy_loss_fusion=flag("cross_entropy_loss_fusion", False),
         cross_entropy_fusion_impl=setting("cross_entropy_fusion_impl", "native"),
         te_version=setting("te_version", _DEFAULT_OPTIONS.te_version),
         cpu_offloading_num_layers=_setting_int(r, notes, "cpu_offloading_num_layers", 0),
         optimizer=setting("optimizer", "adam"),
-        optimizer_fp8_recipe=_optional(setting("optimizer_fp8_recipe", "")) if prec == Precision.bf16 else None,
-    )
+        optimizer_fp8_recipe=_optional(setting("optimizer_fp8_recipe", "")) if prec == Precision.bf16 else None)
 
 
 def _row_recompute(r: dict[str, str], notes: dict[str, str]) -> dict[str, Any]:
-    """The row's recompute fields of :class:`Layout`: its recompute columns win over its notes and cell.
-
-    Raises ValueError: a recompute setting that cannot be read."""
+    """The row's recompute fields of :class:`Layout`: its recompute columns win over its notes and cell."""
     choice = functools.partial(_setting_choice, r, notes)
     rec = _recompute(r.get("recompute", ""), notes)
     gran = choice("recompute_granularity", "", ("none", "selective", "full"))
@@ -729,12 +644,6 @@ def _read_layout(run: Run, r: dict[str, str], notes: dict[str, str], model: Mode
         run.unrepresentable = f"ep {run.layout.ep} does not divide {model.num_experts} experts"
 
 
-#: Upper bounds of a published figure per GPU: a tokens/s/GPU above 10 M (the fastest published row is 45,275) or a
-#: model TFLOP/s/GPU above 100,000 (GB300's dense fp4 peak is 15,000) is a typo, and would outrank the real runs it
-#: repeats (:func:`mark_release_regressions`).
-MAX_TOKENS_PER_S_PER_GPU = 1e7
-MAX_TFLOPS_PER_GPU = 1e5
-
 #: Two published runs of one configuration (model, GPUs, sequence, batch, precision, layout and every recipe setting
 #: the model reads) further apart than this are not two measurements of a layout: the slower is a regression of its
 #: release. In ``benchmarks/data/published_runs.csv`` the 58 configurations published more than once agree within
@@ -760,14 +669,9 @@ def _comparable(runs: Sequence[Run]) -> dict[tuple[Any, ...], list[Run]]:
 
 
 def mark_release_regressions(runs: Sequence[Run]) -> list[Run]:
-    """Leave out (``unrepresentable``) each run that another run of the same configuration beat by at least
-    :data:`RELEASE_REGRESSION_RATIO`: a software regression of its release, which no layout term can explain.
-
-    Args:
-        runs: as :func:`read_runs` builds them; only representable runs with a layout are compared, by
-            ``(model, GPU, GPUs, seq_length, global_batch_size, precision, layout_key)`` and the published metric.
-
-    Returns: The runs marked (in place), slowest first within each configuration."""
+    """Leave out (``unrepresentable``) each run that another run of the same configuration (:func:`_configuration_key`;
+    representable runs with a layout) beat by at least :data:`RELEASE_REGRESSION_RATIO`: a software regression of its
+    release, which no layout term can explain. Returns the runs marked (in place), slowest first per configuration."""
     marked: list[Run] = []
     for group in _comparable(runs).values():
         best = max(group, key=lambda r: r.published)

@@ -29,22 +29,6 @@ from search_spaces.pipeline import stage_layer_counts
 from specs import ModelSpec
 from specs.layout import Layout
 
-__all__ = [
-    "CHUNK_PARTS",
-    "HIDDEN_PARTS",
-    "TAIL_PARTS",
-    "ChunkTimes",
-    "StepDetails",
-    "chunk_context",
-    "chunk_layers",
-    "chunk_times",
-    "forward_parts",
-    "no_overlap",
-    "pipeline_time",
-    "rank_class_of",
-    "simulated_schedule",
-]
-
 #: The parts of a chunk's time (the estimate's per-micro-batch parts), in the order the timeline draws them.
 CHUNK_PARTS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm")
 #: Communication parts an overlap flag can hide behind compute.
@@ -121,17 +105,9 @@ def chunk_context(c: TableContext, layers: Table, moe: Table, recompute_num_laye
     rank = np.repeat(np.arange(pp, dtype=np.float64), vpp)[None, :]
     chunk = np.tile(np.arange(vpp, dtype=np.float64), pp)[None, :]
     return dataclasses.replace(
-        c,
-        rank=rank,
-        live=np.ones_like(flat, dtype=np.bool_),
-        rank_count=np.ones_like(flat),
-        is_first=(rank == 0) & (chunk == 0),
-        is_last=(rank == pp - 1) & (chunk == vpp - 1),
-        layers=flat,
-        moe_layers=flat_moe,
-        dense_layers=flat - flat_moe,
-        block_layers=np.minimum(flat, max(recompute_num_layers, 1)),
-    )
+        c, rank=rank, live=np.ones_like(flat, dtype=np.bool_), rank_count=np.ones_like(flat),
+        is_first=(rank == 0) & (chunk == 0), is_last=(rank == pp - 1) & (chunk == vpp - 1), layers=flat,
+        moe_layers=flat_moe, dense_layers=flat - flat_moe, block_layers=np.minimum(flat, max(recompute_num_layers, 1)))
 
 
 def no_overlap(c: TableContext) -> TableContext:
@@ -182,11 +158,8 @@ def forward_parts(c: TableContext, copies: Array) -> dict[str, Array]:
     nm, nd = c.moe_layers, c.dense_layers
     return {
         "compute": np.maximum(nm * (attn + moe) + nd * (attn + dense), 0.0) + _logits_forward_time(c),
-        "recompute": np.zeros_like(c.layers),
-        "tp_comm": share * (nm * (tp_attn + tp_moe) + nd * (tp_attn + tp_dense)),
-        "cp_comm": c.layers * comm.cp_comm_time(c) / comm.CP_PASSES,
-        "ep_comm": nm * ep_fwd,
-    }
+        "recompute": np.zeros_like(c.layers), "tp_comm": share * (nm * (tp_attn + tp_moe) + nd * (tp_attn + tp_dense)),
+        "cp_comm": c.layers * comm.cp_comm_time(c) / comm.CP_PASSES, "ep_comm": nm * ep_fwd}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -216,16 +189,8 @@ def _sum_tables(tables: list[Table]) -> Table:
     return tuple(tuple(sum(t[r][v] for t in tables) for v in range(len(tables[0][r]))) for r in range(len(tables[0])))
 
 
-def chunk_times(
-    c: TableContext,
-    per_rank: dict[str, Array],
-    per_microbatch: PerMicrobatch,
-    copies: Array,
-    model: ModelSpec,
-    layout: Layout,
-    *,
-    hidden: bool = False,
-) -> ChunkTimes:
+def chunk_times(c: TableContext, per_rank: dict[str, Array], per_microbatch: PerMicrobatch, copies: Array,
+                model: ModelSpec, layout: Layout, *, hidden: bool = False) -> ChunkTimes:
     """Forward and backward seconds of every (pipeline rank, virtual chunk) of ``layout``, by part, as a
     :class:`ChunkTimes`; with ``hidden`` also what the overlaps hide.
 
@@ -291,8 +256,7 @@ class StepDetails:
     """Everything the step timeline and the breakdown charts show about one layout
     (:func:`cost_model.estimate.estimate_details`).
 
-    Units: seconds and bytes; ``[rank]`` tuples have ``pp`` entries, ``[rank][chunk]`` tables ``pp x vpp``.
-    """
+    Units: seconds and bytes; ``[rank]`` tuples have ``pp`` entries, ``[rank][chunk]`` tables ``pp x vpp``."""
 
     estimate: Estimate
     """The single-layout estimate (its ``pp_bubble`` from :attr:`schedule`)."""

@@ -15,25 +15,12 @@ and the bubble fraction)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from itertools import pairwise
 from typing import Any
 
 from cost_model.pipeline_schedule import Pass
 from cost_model.step_detail import CHUNK_PARTS, HIDDEN_PARTS, TAIL_PARTS, StepDetails
 from specs.units import GIB
-
-__all__ = [
-    "HIDDEN_TID",
-    "P2P_TID",
-    "PARTS_TID",
-    "PART_NAMES",
-    "TAIL_NAMES",
-    "check_trace",
-    "step_trace",
-    "trace_bubble_fraction",
-    "trace_lanes",
-    "trace_step_seconds",
-]
 
 #: Microseconds per second (the trace's unit).
 US = 1e6
@@ -45,35 +32,18 @@ P2P_TID = 1002
 
 #: Event names of the chunk parts on the ``GPU time by part`` lane.
 PART_NAMES = {
-    "compute": "compute",
-    "recompute": "recompute",
-    "tp_comm": "TP comm (exposed)",
-    "cp_comm": "CP comm (exposed)",
-    "ep_comm": "EP all-to-all (exposed)",
-}
+    "compute": "compute", "recompute": "recompute", "tp_comm": "TP comm (exposed)", "cp_comm": "CP comm (exposed)",
+    "ep_comm": "EP all-to-all (exposed)"}
 HIDDEN_NAMES = {"tp_comm": "TP comm (hidden)", "cp_comm": "CP comm (hidden)", "ep_comm": "EP all-to-all (hidden)"}
 #: Event names of the step's tail (:data:`cost_model.step_detail.TAIL_PARTS`).
 TAIL_NAMES = {
-    "pp_p2p": "PP p2p (exposed)",
-    "dp_comm": "DP grad reduce-scatter + param all-gather",
-    "optimizer": "optimizer step",
-    "offload": "CPU optimizer offload",
-}
+    "pp_p2p": "PP p2p (exposed)", "dp_comm": "DP grad reduce-scatter + param all-gather", "optimizer": "optimizer step",
+    "offload": "CPU optimizer offload"}
 #: chrome://tracing's reserved colours (catapult ``color_scheme``); Perfetto colours by name instead.
 _COLOURS = {
-    "forward": "rail_response",
-    "backward": "rail_animation",
-    "compute": "good",
-    "recompute": "yellow",
-    "tp_comm": "terrible",
-    "cp_comm": "terrible",
-    "ep_comm": "terrible",
-    "hidden": "grey",
-    "pp_p2p": "bad",
-    "dp_comm": "bad",
-    "optimizer": "olive",
-    "offload": "olive",
-}
+    "forward": "rail_response", "backward": "rail_animation", "compute": "good", "recompute": "yellow",
+    "tp_comm": "terrible", "cp_comm": "terrible", "ep_comm": "terrible", "hidden": "grey", "pp_p2p": "bad",
+    "dp_comm": "bad", "optimizer": "olive", "offload": "olive"}
 
 
 def _role(r: int, pp: int) -> str:
@@ -108,29 +78,17 @@ def step_trace(d: StepDetails, *, title: str = "", source: str = "predicted",
     events += _tail_events(d, step_end, hidden_cursor)
     events.sort(key=lambda e: (e["pid"], e["tid"], e["ts"]))
     other = {
-        "source": source,
-        "title": title,
-        "layout": lay.label,
-        "layout_fields": lay.to_dict(),
-        "recompute": lay.recompute_label,
-        "dispatcher": lay.dispatcher.value,
-        "micro_batch_size": lay.micro_batch_size,
-        "num_microbatches": d.num_microbatches,
-        "step_time_s": est.step_time_s,
-        "bubble_fraction": d.bubble_fraction,
-        "pipeline_s": d.pipeline_s,
-        "closed_form_pipeline_s": d.closed_form_pipeline_s,
-        "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
-        "peak_gib": est.peak_gib,
-        "time_parts_s": dict(est.time),
+        "source": source, "title": title, "layout": lay.label, "layout_fields": lay.to_dict(),
+        "recompute": lay.recompute_label, "dispatcher": lay.dispatcher.value, "micro_batch_size": lay.micro_batch_size,
+        "num_microbatches": d.num_microbatches, "step_time_s": est.step_time_s, "bubble_fraction": d.bubble_fraction,
+        "pipeline_s": d.pipeline_s, "closed_form_pipeline_s": d.closed_form_pipeline_s,
+        "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu, "peak_gib": est.peak_gib, "time_parts_s": dict(est.time),
         "memory_gib_worst_rank": {k: v / GIB for k, v in est.memory.items()},
         "memory_gib_by_rank": {k: [x / GIB for x in v] for k, v in d.memory.items()},
         "note": ("Every event is a prediction of the analytical model. Within a forward or backward the parts are "
-                 "drawn back to back; "
-                 "the model gives their totals, not how the kernels interleave. Idle time in the stage lanes before "
-                 "the tail is the pipeline bubble."),
-        **(extra or {}),
-    }
+                 "drawn back to back; the model gives their totals, not how the kernels interleave. Idle time in the "
+                 "stage lanes before the tail is the pipeline bubble."),
+        **(extra or {})}
     return {"traceEvents": _meta_events(d) + events, "displayTimeUnit": "ms", "otherData": other}
 
 
@@ -266,8 +224,7 @@ def check_trace(trace: dict[str, Any], *, tolerance_us: float = 1e-6) -> list[st
 
     Checks the JSON Object Format (``traceEvents`` a list; each event's ``ph`` ``X`` or ``M``; ``X`` events with a
     string name, integer pid / tid, numeric ``ts`` and ``dur >= 0``), that every lane's events are sorted by start
-    and do not overlap (by more than ``tolerance_us``), and that every pid and tid with events has a name.
-    """
+    and do not overlap (by more than ``tolerance_us``), and that every pid and tid with events has a name."""
     problems: list[str] = []
     evs = trace.get("traceEvents")
     if not isinstance(evs, list):
@@ -291,7 +248,7 @@ def check_trace(trace: dict[str, Any], *, tolerance_us: float = 1e-6) -> list[st
     for (pid, tid), lane in trace_lanes(trace).items():
         if (pid, None) not in names or (pid, tid) not in names:
             problems.append(f"lane pid {pid} tid {tid} has no process_name / thread_name")
-        for a, b in _pairs(lane):
+        for a, b in pairwise(lane):
             if b["ts"] < a["ts"]:
                 problems.append(f"lane pid {pid} tid {tid}: {b['name']} at {b['ts']:.3f} us starts before {a['name']} "
                                 f"at {a['ts']:.3f} us")
@@ -299,7 +256,3 @@ def check_trace(trace: dict[str, Any], *, tolerance_us: float = 1e-6) -> list[st
                 problems.append(f"lane pid {pid} tid {tid}: {b['name']} at {b['ts']:.3f} us overlaps {a['name']} "
                                 f"ending at {a['ts'] + a['dur']:.3f} us")
     return problems
-
-
-def _pairs(xs: list[dict[str, Any]]) -> Iterable[tuple[dict[str, Any], dict[str, Any]]]:
-    return zip(xs, xs[1:])

@@ -8,16 +8,13 @@ from typing import Any
 from specs.layout import Layout
 from specs.units import GIB
 
-__all__ = ["Estimate"]
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Estimate:
     """The analytical model's prediction for one layout (always ``source == "predicted"``).
 
     Memory is per GPU on the worst pipeline rank, in bytes; time is per optimizer
-    step, in seconds, split into parts that add up to ``step_time_s``.
-    """
+    step, in seconds, split into parts that add up to ``step_time_s``."""
 
     layout: Layout
     memory: dict[str, float]
@@ -65,19 +62,9 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "source": self.source,
-            "layout": self.layout.to_dict(),
-            "label": self.layout.label,
-            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
-            "step_time_s": self.step_time_s,
-            "mfu": self.mfu,
-            "model_tflops_per_gpu": self.model_tflops_per_gpu,
-            "usd_per_million_tokens": self.usd_per_million_tokens,
-            "peak_gib": self.peak_gib,
-            "headroom_gib": self.headroom_gib,
-            "fits": self.fits,
-            "host_gib_per_node": self.host_bytes_per_node / GIB,
-            "host_fits": self.host_fits,
-            "memory_gib": {k: v / GIB for k, v in self.memory.items()},
-            "time_s": dict(self.time),
-        }
+            "source": self.source, "layout": self.layout.to_dict(), "label": self.layout.label,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "step_time_s": self.step_time_s, "mfu": self.mfu,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu, "usd_per_million_tokens": self.usd_per_million_tokens,
+            "peak_gib": self.peak_gib, "headroom_gib": self.headroom_gib, "fits": self.fits,
+            "host_gib_per_node": self.host_bytes_per_node / GIB, "host_fits": self.host_fits,
+            "memory_gib": {k: v / GIB for k, v in self.memory.items()}, "time_s": dict(self.time)}

@@ -2,8 +2,7 @@
 (:mod:`cost_model.run_table`), their errors and rank correlation, and the release trend: a run of a NeMo container
 release before :data:`REFERENCE_RELEASE` (26.08) is predicted slower by
 :data:`RELEASE_GAIN_PER_MONTH` a month of releases (:func:`release_factor`), the gain the same configurations
-published in two releases show (:func:`measure_release_gain`).
-"""
+published in two releases show (:func:`measure_release_gain`)."""
 
 from __future__ import annotations
 
@@ -18,39 +17,11 @@ import numpy as np
 
 from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
 from cost_model.estimate import estimate_table
-from cost_model.run_table import (  # noqa: F401  (re-exported: importers of cost_model.validate)
-    RELEASE_REGRESSION_RATIO,
-    REQUIRED_COLUMNS,
-    RowProblem,
-    Run,
-    _cluster,
-    _comparable,
-    _configuration_key,
-    _dispatcher_cell,
-    mark_release_regressions,
-    model_alias,
-    read_runs,
-)
+from cost_model.run_table import RELEASE_REGRESSION_RATIO as RELEASE_REGRESSION_RATIO
+from cost_model.run_table import Run as Run
+from cost_model.run_table import _comparable
+from cost_model.run_table import read_runs as read_runs
 from specs.layout import LayoutTable
-
-__all__ = [
-    "REQUIRED_COLUMNS",
-    "Run",
-    "RowProblem",
-    "Prediction",
-    "read_runs",
-    "predict_runs",
-    "summarize",
-    "spearman",
-    "model_alias",
-    "RunBatch",
-    "mark_release_regressions",
-    "measure_release_gain",
-    "release_factor",
-    "RELEASE_GAIN_PER_MONTH",
-    "REFERENCE_RELEASE",
-]
-
 
 #: The NeMo container release the published-run predictions are made for: the newest in
 #: ``benchmarks/data/published_runs.csv`` (26.08, Megatron-Bridge v0.6.0). A user's own estimate has no release and is
@@ -101,10 +72,8 @@ def measure_release_gain(runs: Sequence[Run]) -> dict[str, Any]:
     with runs in releases of different months, the oldest and the newest run:
     ``gain = exp(sum(log(newest / oldest)) / sum(months apart)) - 1``.
 
-    Returns:
-        ``{"gain_per_month", "pairs", "median_ratio", "months"}`` (``pairs``: list of
-        ``(oldest_id, newest_id, months, ratio)``); gain 0.0 when no pair exists.
-    """
+    Returns: ``{"gain_per_month", "pairs", "median_ratio", "months"}`` (``pairs``: list of ``(oldest_id, newest_id,
+    months, ratio)``); gain 0.0 when no pair exists."""
     pairs = []
     for group in _comparable(runs).values():
         dated = [(container_release(r.framework_version), r) for r in group]
@@ -235,13 +204,9 @@ def _layout_groups(preds: Sequence[Prediction]) -> tuple[list[float], list[float
 
 
 def summarize(preds: Sequence[Prediction], key: Any = None) -> list[dict[str, Any]]:
-    """Per group (default: GPU type and precision): rows, median absolute error, MAPE, and
-    Spearman within each model's rows that differ in layout (models with >= 3 such rows).
-
-    Returns:
-        One dict per group: ``group``, ``rows``, ``median_abs_error``, ``mape``,
-        ``spearman`` (model -> rho) and ``spearman_median``.
-    """
+    """Per group (default: GPU type and precision), one dict: ``group``, ``rows``, ``median_abs_error``, ``mape``,
+    ``spearman`` (model -> rho, within each model's rows that differ in layout, models with >= 3 such rows) and
+    ``spearman_median``."""
     key = key or (lambda p: (p.run.gpu_type, p.run.precision))
     groups: dict[Any, list[Prediction]] = {}
     for p in preds:
@@ -260,11 +225,6 @@ def summarize(preds: Sequence[Prediction], key: Any = None) -> list[dict[str, An
             if not math.isnan(rho):
                 rhos[m] = rho
         out.append({
-            "group": g,
-            "rows": len(ps),
-            "median_abs_error": float(np.median(errs)),
-            "mape": float(np.mean(errs)),
-            "spearman": rhos,
-            "spearman_median": float(np.median(list(rhos.values()))) if rhos else float("nan"),
-        })
+            "group": g, "rows": len(ps), "median_abs_error": float(np.median(errs)), "mape": float(np.mean(errs)),
+            "spearman": rhos, "spearman_median": float(np.median(list(rhos.values()))) if rhos else float("nan")})
     return out

@@ -2,16 +2,13 @@
 
 A study's predictions are comparable only when the same formulas made them; the calibration constants are recorded
 beside it (:mod:`tuner.study.storage`), and this digest covers what the constants do not: the terms and how the
-estimate composes them.
-"""
+estimate composes them."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
 from pathlib import Path
-
-__all__ = ["FORMULA_FILES", "formula_digest"]
 
 _HERE = Path(__file__).resolve().parent
 

@@ -13,16 +13,6 @@ from functools import lru_cache
 
 from specs.errors import InfeasibleLayout
 
-__all__ = [
-    "SPLIT_RULE_ID",
-    "LAYOUT_RULE_ID",
-    "LAYER_SYMBOLS",
-    "stage_layer_counts",
-    "emit_layout_string",
-    "parse_layout_string",
-    "layer_counts_from_string",
-]
-
 #: Rule id of :class:`InfeasibleLayout` raised for an impossible split.
 SPLIT_RULE_ID = "pipeline_split"
 #: Rule id of :class:`InfeasibleLayout` raised for a malformed or invalid layout string.
@@ -35,9 +25,6 @@ LAYER_SYMBOLS = ("E", "t", "m", "L")
 _GROUP_RE = re.compile(r"\(([^)]+)\)\*(\d+)")
 _CHAR_RE = re.compile(r"(.)\*(\d+)")
 _GRAMMAR_CHARS = frozenset("EtmL|()*,0123456789")
-
-
-# --------------------------------------------------------------------------- splits
 
 
 def stage_layer_counts(num_layers: int, pp: int, vpp: int, first: int = 0, last: int = 0) -> list[list[int]]:
@@ -70,10 +57,8 @@ def _stage_layer_counts(num_layers: int, pp: int, vpp: int, first: int, last: in
             raise fail(f"even split: num_layers ({num_layers}) is not a multiple of pp ({pp})")
         per_rank = num_layers // pp
         if per_rank % vpp:
-            raise fail(
-                f"even split: {per_rank} layers per pipeline rank (num_layers {num_layers} / pp {pp}) "
-                f"is not a multiple of vpp ({vpp}); use an uneven split (first/last) instead"
-            )
+            raise fail(f"even split: {per_rank} layers per pipeline rank (num_layers {num_layers} / pp {pp}) "
+                       f"is not a multiple of vpp ({vpp}); use an uneven split (first/last) instead")
         return tuple((per_rank // vpp,) * vpp for _ in range(pp))
     if pp == 1:
         raise fail(f"pp is 1, so first ({first}) and last ({last}) must be 0 (slime: they must be unset)")
@@ -87,31 +72,23 @@ def _stage_layer_counts(num_layers: int, pp: int, vpp: int, first: int, last: in
         n_mid = pp - len(given)
         rest = num_layers - sum(given)
         if rest <= 0:
-            raise fail(
-                f"first ({first}) + last ({last}) leaves {rest} layers of num_layers ({num_layers}) "
-                f"for the other {n_mid} pipeline ranks"
-            )
+            raise fail(f"first ({first}) + last ({last}) leaves {rest} layers of num_layers ({num_layers}) "
+                       f"for the other {n_mid} pipeline ranks")
         if rest % n_mid:
-            raise fail(
-                f"the {rest} layers left by first ({first}) and last ({last}) do not divide evenly over the "
-                f"other {n_mid} pipeline ranks (num_layers {num_layers}, pp {pp})"
-            )
+            raise fail(f"the {rest} layers left by first ({first}) and last ({last}) do not divide evenly over the "
+                       f"other {n_mid} pipeline ranks (num_layers {num_layers}, pp {pp})")
         m = rest // n_mid
     if m % vpp:
-        raise fail(
-            f"a middle pipeline rank holds {m} layers (num_layers {num_layers}, pp {pp}, first {first}, "
-            f"last {last}), which is not a multiple of vpp ({vpp})"
-        )
+        raise fail(f"a middle pipeline rank holds {m} layers (num_layers {num_layers}, pp {pp}, first {first}, "
+                   f"last {last}), which is not a multiple of vpp ({vpp})")
     c = m // vpp
     d_f = m - first if first else 0
     d_l = m - last if last else 0
     for name, val, d in (("first", first, d_f), ("last", last, d_l)):
         if not 0 <= d <= c:
-            raise fail(
-                f"{name} ({val}) must lie between {m - c} and {m}: with {m} layers on a middle rank and "
-                f"vpp {vpp} a chunk holds {c} layers, and the {name} rank may lack at most one chunk's worth "
-                f"(deficit {d})"
-            )
+            raise fail(f"{name} ({val}) must lie between {m - c} and {m}: with {m} layers on a middle rank and "
+                       f"vpp {vpp} a chunk holds {c} layers, and the {name} rank may lack at most one chunk's worth "
+                       f"(deficit {d})")
     rows: list[tuple[int, ...]] = []
     for rank in range(pp):
         chunks = [c] * vpp
@@ -122,9 +99,6 @@ def _stage_layer_counts(num_layers: int, pp: int, vpp: int, first: int, last: in
         rows.append(tuple(chunks))
     assert sum(map(sum, rows)) == num_layers, (rows, num_layers)
     return tuple(rows)
-
-
-# --------------------------------------------------------------------------- emit
 
 
 def _compress_stage(symbols: str) -> str:
@@ -141,9 +115,8 @@ def _compress_stage(symbols: str) -> str:
     return "".join(out)
 
 
-def emit_layout_string(
-    num_layers: int, pp: int, vpp: int, first: int = 0, last: int = 0, mtp_num_layers: int = 0
-) -> str:
+def emit_layout_string(num_layers: int, pp: int, vpp: int, first: int = 0, last: int = 0,
+                       mtp_num_layers: int = 0) -> str:
     """The compressed ``--pipeline-model-parallel-layout`` string of a split (``first`` / ``last`` as in
     :func:`stage_layer_counts`; ``mtp_num_layers`` placed in the last stage before ``L``).
 
@@ -180,9 +153,6 @@ def emit_layout_string(
     return "".join(parts)
 
 
-# --------------------------------------------------------------------------- parse
-
-
 def _syntax_error(text: str, reason: str) -> InfeasibleLayout:
     shown = text if len(text) <= 80 else text[:77] + "..."
     return InfeasibleLayout(LAYOUT_RULE_ID, f"pipeline layout {shown!r}: {reason}")
@@ -205,11 +175,9 @@ def parse_layout_string(text: str, pp: int) -> list[list[str]]:
     bad = sorted({ch for ch in text if ch not in _GRAMMAR_CHARS}, key=text.index)
     if bad:
         shown = ", ".join(repr(ch) for ch in bad)
-        raise _syntax_error(
-            text,
-            f"invalid characters {shown} at position {text.index(bad[0])}; only E, t, m, L, '|', "
-            "'(...)*n', 'x*n' and ',' are allowed, with no whitespace",
-        )
+        raise _syntax_error(text,
+                            f"invalid characters {shown} at position {text.index(bad[0])}; only E, t, m, L, '|', "
+                            "'(...)*n', 'x*n' and ',' are allowed, with no whitespace")
     depth = 0
     for pos, ch in enumerate(text):
         if ch == "(":
@@ -230,13 +198,11 @@ def parse_layout_string(text: str, pp: int) -> list[list[str]]:
     leftover = sorted({ch for ch in flat if ch not in "EtmL|"})
     if leftover:
         raise _syntax_error(
-            text, f"stray {', '.join(repr(c) for c in leftover)}: a repeat count must follow a symbol as 'x*n'"
-        )
+            text, f"stray {', '.join(repr(c) for c in leftover)}: a repeat count must follow a symbol as 'x*n'")
     stages = [list(s) for s in flat.split("|")]
     if len(stages) % pp:
         raise _syntax_error(
-            text, f"it has {len(stages)} stage(s), which is not a multiple of pp ({pp}); stages = pp * vpp"
-        )
+            text, f"it has {len(stages)} stage(s), which is not a multiple of pp ({pp}); stages = pp * vpp")
     return stages
 
 
@@ -285,16 +251,12 @@ def layer_counts_from_string(text: str, pp: int, num_layers: int, mtp_num_layers
             if v != vpp - 1:
                 raise fail(f"m in pp rank {p}, vpp stage {v}: MTP layers must be in the last vpp stage of a rank")
             if stage.count("m") != mtp_num_layers:
-                raise fail(
-                    f"pp rank {p}'s last stage holds {stage.count('m')} of the {mtp_num_layers} MTP layers; "
-                    "all of them must be in the same stage"
-                )
+                raise fail(f"pp rank {p}'s last stage holds {stage.count('m')} of the {mtp_num_layers} MTP layers; "
+                           "all of them must be in the same stage")
     for i, stage in enumerate(stages):
         if not stage:
             raise fail(
                 f"stage {i} is empty: Megatron's parser accepts an empty stage (its docs: 'E||t|L'), but such runs "
-                "error or "
-                "deadlock (NVIDIA/Megatron-LM issue 1852, open: 'Et|(tt|)*29|L' fails); give every stage a layer "
-                "(a stage with only E, m or L is fine: Megatron's own DeepSeek example 'Et*3|(tt|)*29,m|L')"
-            )
+                "error or deadlock (NVIDIA/Megatron-LM issue 1852, open: 'Et|(tt|)*29|L' fails); give every stage a "
+                "layer (a stage with only E, m or L is fine: Megatron's own DeepSeek example 'Et*3|(tt|)*29,m|L')")
     return [[stages[v * pp + p].count("t") for v in range(vpp)] for p in range(pp)]

@@ -68,20 +68,14 @@ class RuleEnv:
         if options is None:
             return net
         return dataclasses.replace(
-            net,
-            megatron_core=options.megatron_core_tuple,
-            cp_comm_type=options.cp_comm_type,
+            net, megatron_core=options.megatron_core_tuple, cp_comm_type=options.cp_comm_type,
             cpu_offloading_num_layers=options.cpu_offloading_num_layers,
             cuda_graph_impl=options.cuda_graph_effective_impl,
             cuda_graph_impl_arg=options.cuda_graph_impl if options.cuda_graph_scope else "none",
             cuda_graph_scope=options.cuda_graph_scope,
-            overlap_moe_expert_parallel_comm=options.overlap_moe_expert_parallel_comm,
-            optimizer=options.optimizer,
-            overlap_grad_reduce=options.overlap_grad_reduce,
-            use_megatron_fsdp=options.use_megatron_fsdp,
-            fp8_param_gather=options.fp8_param_gather,
-            fp8_recipe=options.fp8_recipe,
-        )
+            overlap_moe_expert_parallel_comm=options.overlap_moe_expert_parallel_comm, optimizer=options.optimizer,
+            overlap_grad_reduce=options.overlap_grad_reduce, use_megatron_fsdp=options.use_megatron_fsdp,
+            fp8_param_gather=options.fp8_param_gather, fp8_recipe=options.fp8_recipe)
 
     @property
     def version_label(self) -> str:
@@ -165,9 +159,6 @@ def options_rule(id: str) -> Callable[[Callable[[ModelSpec, RuleEnv], str | None
     return register
 
 
-# --------------------------------------------------------------------------- helpers
-
-
 def _b(values: Any) -> BoolArray:
     """A rule's result as a bool array."""
     return np.asarray(values, dtype=np.bool_)
@@ -196,8 +187,7 @@ class _SplitStats:
 def _split_stats(table: LayoutTable, model: ModelSpec, rows: IntArray | None = None) -> _SplitStats:
     """Per-row facts about the pipeline split, computed once per distinct (pp, vpp, first, last).
 
-    ``rows`` restricts the result to those row indices (in that order).
-    """
+    ``rows`` restricts the result to those row indices (in that order)."""
     names = ("pp", "vpp", "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
     cols = [table[c] if rows is None else table[c][rows] for c in names]
     n = len(cols[0])
@@ -237,12 +227,8 @@ def _split_stats(table: LayoutTable, model: ModelSpec, rows: IntArray | None = N
 def _split_reason(layout: Layout, model: ModelSpec) -> str | None:
     try:
         stage_layer_counts(
-            model.num_layers,
-            layout.pp,
-            layout.vpp,
-            layout.num_layers_in_first_pipeline_stage,
-            layout.num_layers_in_last_pipeline_stage,
-        )
+            model.num_layers, layout.pp, layout.vpp, layout.num_layers_in_first_pipeline_stage,
+            layout.num_layers_in_last_pipeline_stage)
     except InfeasibleLayout as e:
         return e.reason
     return None
@@ -251,12 +237,8 @@ def _split_reason(layout: Layout, model: ModelSpec) -> str | None:
 def _layout_counts(layout: Layout, model: ModelSpec) -> list[list[int]] | None:
     try:
         return stage_layer_counts(
-            model.num_layers,
-            layout.pp,
-            layout.vpp,
-            layout.num_layers_in_first_pipeline_stage,
-            layout.num_layers_in_last_pipeline_stage,
-        )
+            model.num_layers, layout.pp, layout.vpp, layout.num_layers_in_first_pipeline_stage,
+            layout.num_layers_in_last_pipeline_stage)
     except InfeasibleLayout:
         return None
 

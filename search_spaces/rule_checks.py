@@ -21,15 +21,11 @@ from search_spaces.rule_base import (
 from specs import ModelSpec, RunOptions, Workload
 from specs.layout import Dispatcher, Layout, LayoutTable, enum_mask
 
-# --------------------------------------------------------------------------- parallel sizes
-
 
 def _world_tp_pp_cp_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     prod = lay.tp * lay.pp * lay.cp
-    return (
-        f"world_size ({lay.world_size}) must be a multiple of tp*pp*cp = {lay.tp}*{lay.pp}*{lay.cp} = {prod}; "
-        f"accepted: tp*pp*cp in {_divisors(lay.world_size)}"
-    )
+    return (f"world_size ({lay.world_size}) must be a multiple of tp*pp*cp = {lay.tp}*{lay.pp}*{lay.cp} = {prod}; "
+            f"accepted: tp*pp*cp in {_divisors(lay.world_size)}")
 
 
 @rule("world_div_tp_pp_cp", ("world_size", "tp", "pp", "cp"), explain=_world_tp_pp_cp_x)
@@ -41,10 +37,8 @@ def _world_tp_pp_cp(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
 
 def _world_etp_ep_pp_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     prod = lay.etp * lay.ep * lay.pp
-    return (
-        f"world_size ({lay.world_size}) must be a multiple of etp*ep*pp = {lay.etp}*{lay.ep}*{lay.pp} = {prod} "
-        f"(the expert grid); accepted: etp*ep*pp in {_divisors(lay.world_size)}"
-    )
+    return (f"world_size ({lay.world_size}) must be a multiple of etp*ep*pp = {lay.etp}*{lay.ep}*{lay.pp} = {prod} "
+            f"(the expert grid); accepted: etp*ep*pp in {_divisors(lay.world_size)}")
 
 
 @rule("world_div_etp_ep_pp", ("world_size", "etp", "ep", "pp"), explain=_world_etp_ep_pp_x)
@@ -55,10 +49,8 @@ def _world_etp_ep_pp(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
 
 
 def _heads_tp_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
-    return (
-        f"num_attention_heads ({m.num_attention_heads}) must be a multiple of tp ({lay.tp}); "
-        f"accepted tp: {_divisors(m.num_attention_heads)}"
-    )
+    return (f"num_attention_heads ({m.num_attention_heads}) must be a multiple of tp ({lay.tp}); "
+            f"accepted tp: {_divisors(m.num_attention_heads)}")
 
 
 @rule("heads_div_tp", ("tp",), explain=_heads_tp_x)
@@ -77,10 +69,8 @@ TP_ABOVE_QUERY_GROUPS_SINCE = (0, 16)
 def _groups_tp_x(lay: Layout, m: ModelSpec, w: Workload, env: RuleEnv) -> str:
     g = m.num_query_groups
     if env.megatron_core < TP_ABOVE_QUERY_GROUPS_SINCE:
-        return (
-            f"num_query_groups ({g}) must be a multiple of tp ({lay.tp}) in megatron-core {env.version_label} (TP "
-            f"above the query-group count needs 0.16 or later, --megatron-core); accepted tp: {_divisors(g)}"
-        )
+        return (f"num_query_groups ({g}) must be a multiple of tp ({lay.tp}) in megatron-core {env.version_label} (TP "
+                f"above the query-group count needs 0.16 or later, --megatron-core); accepted tp: {_divisors(g)}")
     return (
         f"num_query_groups ({g}) must be a multiple or a divisor of tp ({lay.tp}) (megatron-core >= 0.16; "
         f"core <= 0.15 needs a multiple); accepted tp: divisors or multiples of {g}, e.g. {_divisors(g)} or {2 * g}"
@@ -136,10 +126,8 @@ def _experts_ep(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
 
 
 def _moe_ffn_etp_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
-    return (
-        f"moe_ffn_hidden_size ({m.moe_ffn_hidden_size}) must be a multiple of etp ({lay.etp}): "
-        "each expert's weights are split over etp"
-    )
+    return (f"moe_ffn_hidden_size ({m.moe_ffn_hidden_size}) must be a multiple of etp ({lay.etp}): "
+            "each expert's weights are split over etp")
 
 
 @rule("moe_ffn_div_etp", ("etp",), explain=_moe_ffn_etp_x)
@@ -152,10 +140,8 @@ def _moe_ffn_etp(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
 
 
 def _dense_ep_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
-    return (
-        f"model {m.name!r} is dense (num_experts 0): ep ({lay.ep}) and etp ({lay.etp}) must both be 1; "
-        "expert parallelism needs a MoE model (Megatron's --num-experts)"
-    )
+    return (f"model {m.name!r} is dense (num_experts 0): ep ({lay.ep}) and etp ({lay.etp}) must both be 1; "
+            "expert parallelism needs a MoE model (Megatron's --num-experts)")
 
 
 @rule("dense_no_expert_parallel", ("ep", "etp"), explain=_dense_ep_x)
@@ -168,10 +154,8 @@ def _dense_ep(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
 
 
 def _seq_cp_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
-    return (
-        f"with cp {lay.cp} > 1, seq_length ({w.seq_length}) must be a multiple of 2*cp = {2 * lay.cp} "
-        "(each sequence is cut into 2*cp load-balanced chunks)"
-    )
+    return (f"with cp {lay.cp} > 1, seq_length ({w.seq_length}) must be a multiple of 2*cp = {2 * lay.cp} "
+            "(each sequence is cut into 2*cp load-balanced chunks)")
 
 
 @rule("seq_div_2cp", ("cp",), explain=_seq_cp_x)
@@ -184,11 +168,9 @@ def _seq_cp(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
 def _sp_policy_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     if lay.sequence_parallel:
         return f"sequence_parallel needs tp > 1, got tp {lay.tp}; turn sequence_parallel off"
-    return (
-        f"tp is {lay.tp} but sequence_parallel is off; the tuner always uses sequence parallelism when tp > 1 "
-        "(megatron-core <= 0.14 raises for ep > 1 and tp > 1 without it, >= 0.15 warns) and its cost model prices "
-        "only that: add --sequence-parallel (in a launch given with --from, too)"
-    )
+    return (f"tp is {lay.tp} but sequence_parallel is off; the tuner always uses sequence parallelism when tp > 1 "
+            "(megatron-core <= 0.14 raises for ep > 1 and tp > 1 without it, >= 0.15 warns) and its cost model prices "
+            "only that: add --sequence-parallel (in a launch given with --from, too)")
 
 
 @rule("sequence_parallel", ("tp", "sequence_parallel"), explain=_sp_policy_x)
@@ -201,10 +183,8 @@ def _sp_policy(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
 
 def _sp_seq_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     per_cp = w.seq_length / lay.cp
-    return (
-        f"with sequence_parallel, the tokens per context-parallel rank seq_length/cp = {w.seq_length}/{lay.cp} "
-        f"= {per_cp:g} must be a multiple of tp ({lay.tp})"
-    )
+    return (f"with sequence_parallel, the tokens per context-parallel rank seq_length/cp = {w.seq_length}/{lay.cp} "
+            f"= {per_cp:g} must be a multiple of tp ({lay.tp})")
 
 
 @rule("sp_seq_div_tp", ("tp", "cp", "sequence_parallel"), explain=_sp_seq_x)
@@ -214,21 +194,14 @@ def _sp_seq(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     return _b(~t["sequence_parallel"] | (w.seq_length % (t["cp"] * t["tp"]) == 0))
 
 
-# --------------------------------------------------------------------------- batch and pipeline
-
-
 def _batch_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     if lay.world_size % (lay.tp * lay.pp * lay.cp):
-        return (
-            f"dp = world_size/(tp*pp*cp) = {lay.world_size}/{lay.tp * lay.pp * lay.cp} is not a whole number, so "
-            f"global_batch_size ({w.global_batch_size}) cannot be cut into micro-batches"
-        )
+        return (f"dp = world_size/(tp*pp*cp) = {lay.world_size}/{lay.tp * lay.pp * lay.cp} is not a whole number, so "
+                f"global_batch_size ({w.global_batch_size}) cannot be cut into micro-batches")
     step = lay.micro_batch_size * lay.dp
     ok_mbs = [b for b in range(1, w.global_batch_size + 1) if w.global_batch_size % (b * lay.dp) == 0]
-    return (
-        f"global_batch_size ({w.global_batch_size}) must be a multiple of micro_batch_size*dp = "
-        f"{lay.micro_batch_size}*{lay.dp} = {step}; accepted micro_batch_size at dp {lay.dp}: {ok_mbs or 'none'}"
-    )
+    return (f"global_batch_size ({w.global_batch_size}) must be a multiple of micro_batch_size*dp = "
+            f"{lay.micro_batch_size}*{lay.dp} = {step}; accepted micro_batch_size at dp {lay.dp}: {ok_mbs or 'none'}")
 
 
 @rule("batch_div_mbs_dp", ("world_size", "tp", "pp", "cp", "micro_batch_size"), explain=_batch_x)
@@ -254,10 +227,8 @@ def _split(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
 
 def _split_canonical_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     counts = _layout_counts(lay, m)
-    return (
-        f"first ({lay.num_layers_in_first_pipeline_stage}) and last ({lay.num_layers_in_last_pipeline_stage}) give "
-        f"the same layers per chunk as the even split ({counts}); leave both 0 (tuner policy: one form per split)"
-    )
+    return (f"first ({lay.num_layers_in_first_pipeline_stage}) and last ({lay.num_layers_in_last_pipeline_stage}) give "
+            f"the same layers per chunk as the even split ({counts}); leave both 0 (tuner policy: one form per split)")
 
 
 @rule("pipeline_split_canonical", ("pp", "vpp", "num_layers_in_first_pipeline_stage",
@@ -292,9 +263,6 @@ def _interleaved(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     return _b((vpp == 1) | ((pp > 1) & sched_ok))
 
 
-# --------------------------------------------------------------------------- recompute
-
-
 def _recompute_full_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     method, n = lay.recompute_method.value, lay.recompute_num_layers
     parts: list[str] = []
@@ -312,17 +280,14 @@ def _recompute_full_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     if counts is not None and n >= 1:
         chunks = [x for row in counts for x in row]
         if method == "block" and n > max(chunks):
-            parts.append(
-                f"block recompute of {n} layers per chunk exceeds the largest chunk ({max(chunks)} layers); "
-                f"accepted: 1..{max(chunks)}"
-            )
+            parts.append(f"block recompute of {n} layers per chunk exceeds the largest chunk ({max(chunks)} layers); "
+                         f"accepted: 1..{max(chunks)}")
         if method == "uniform":
             bad = sorted({x for x in chunks if x and x % n})
             if bad:
                 parts.append(
                     f"uniform recompute in groups of {n} layers needs every chunk's layer count to be a multiple "
-                    f"of {n}, but chunks hold {bad} layers (megatron-core 0.16 indexes past the chunk)"
-                )
+                    f"of {n}, but chunks hold {bad} layers (megatron-core 0.16 indexes past the chunk)")
     return "; ".join(parts) or "full recompute settings are valid"
 
 
@@ -347,10 +312,8 @@ def _recompute_full(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     stats = _split_stats(t, m, sub)
     n_sub = n[sub]
     safe_n = np.maximum(n_sub, 1)
-    chunk_ok = ~stats.feasible | (
-        (~block[sub] | (n_sub <= stats.max_chunk))
-        & (~uniform[sub] | (stats.chunk_gcd % safe_n == 0))
-    )
+    chunk_ok = ~stats.feasible | ((~block[sub] | (n_sub <= stats.max_chunk))
+                                  & (~uniform[sub] | (stats.chunk_gcd % safe_n == 0)))
     ok_sub = ok[sub] & chunk_ok
     out = np.ones(len(t), dtype=np.bool_)
     out[sub] = ok_sub
@@ -398,11 +361,9 @@ def _recompute_none(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
 def _recompute_modules_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     allowed = applicable_recompute_modules(m)
     bad = [x for x in lay.recompute_modules if x not in allowed]
-    return (
-        f"recompute_modules {bad} have nothing to recompute in model {m.name!r} (moe_act/moe need MoE layers, "
-        f"mlp dense layers, shared_experts a shared expert, mla_up_proj MLA); accepted for this model: "
-        f"{', '.join(allowed)}"
-    )
+    return (f"recompute_modules {bad} have nothing to recompute in model {m.name!r} (moe_act/moe need MoE layers, "
+            f"mlp dense layers, shared_experts a shared expert, mla_up_proj MLA); accepted for this model: "
+            f"{', '.join(allowed)}")
 
 
 @rule("recompute_modules_model", ("recompute_modules",), explain=_recompute_modules_x)
@@ -414,14 +375,9 @@ def _recompute_modules(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
     return t.where("recompute_modules", lambda s: all(x in allowed for x in s.split(",") if x))
 
 
-# --------------------------------------------------------------------------- optimizer and dispatcher
-
-
 def _offload_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
-    return (
-        f"optimizer_offload_fraction {lay.optimizer_offload_fraction:g} > 0 (--optimizer-cpu-offload) needs "
-        "use_precision_aware_optimizer; set it, or use offload fraction 0"
-    )
+    return (f"optimizer_offload_fraction {lay.optimizer_offload_fraction:g} > 0 (--optimizer-cpu-offload) needs "
+            "use_precision_aware_optimizer; set it, or use offload fraction 0")
 
 
 @rule("offload_needs_precision_aware", ("optimizer_offload_fraction", "use_precision_aware_optimizer"),
@@ -444,10 +400,8 @@ def _pa_distopt(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
 
 
 def _dtypes_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
-    return (
-        f"exp_avg_dtype ({lay.exp_avg_dtype}) and exp_avg_sq_dtype ({lay.exp_avg_sq_dtype}) other than fp32 need "
-        "use_precision_aware_optimizer; accepted without it: fp32"
-    )
+    return (f"exp_avg_dtype ({lay.exp_avg_dtype}) and exp_avg_sq_dtype ({lay.exp_avg_sq_dtype}) other than fp32 need "
+            "use_precision_aware_optimizer; accepted without it: fp32")
 
 
 @rule("optimizer_dtypes", ("exp_avg_dtype", "exp_avg_sq_dtype", "use_precision_aware_optimizer"), explain=_dtypes_x)
@@ -460,14 +414,10 @@ def _dtypes(t: LayoutTable, m: ModelSpec, w: Workload) -> BoolArray:
 
 def _dispatcher_x(lay: Layout, m: ModelSpec, w: Workload) -> str:
     if not m.is_moe:
-        return (
-            f"model {m.name!r} is dense: it has no token dispatcher, so dispatcher must be alltoall "
-            f"(got {lay.dispatcher.value})"
-        )
-    return (
-        f"the flex dispatcher ({lay.dispatcher.value}) needs etp*ep > 1, got etp {lay.etp} * ep {lay.ep} = "
-        f"{lay.etp * lay.ep}; use alltoall or allgather, or ep > 1"
-    )
+        return (f"model {m.name!r} is dense: it has no token dispatcher, so dispatcher must be alltoall "
+                f"(got {lay.dispatcher.value})")
+    return (f"the flex dispatcher ({lay.dispatcher.value}) needs etp*ep > 1, got etp {lay.etp} * ep {lay.ep} = "
+            f"{lay.etp * lay.ep}; use alltoall or allgather, or ep > 1")
 
 
 @rule("dispatcher", ("dispatcher", "etp", "ep"), explain=_dispatcher_x)
@@ -602,8 +552,7 @@ def layout_warnings(layout: Layout, model: ModelSpec, options: RunOptions) -> li
                 out.append(
                     f"EP all-to-all overlap with an odd number of MoE layers on a pipeline stage ({where}) was "
                     "reported to hang "
-                    "(NVIDIA/Megatron-LM issue 1810, via issue 1852); prefer a split with an even number per stage"
-                )
+                    "(NVIDIA/Megatron-LM issue 1810, via issue 1852); prefer a split with an even number per stage")
     return out
 
 

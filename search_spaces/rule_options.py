@@ -11,9 +11,6 @@ from search_spaces.rule_base import BoolArray, RuleEnv, _b, options_rule, rule
 from specs import ModelSpec, Workload
 from specs.layout import Dispatcher, Layout, LayoutTable
 
-# --------------------------------------------------------------------------- run options
-
-
 #: The per-layer CUDA graph implementations: megatron-core refuses them with full recompute and with activation
 #: offloading (``full_iteration`` passes both checks from core 0.18).
 _LAYER_GRAPH_IMPLS = ("local", "transformer_engine")
@@ -169,8 +166,6 @@ def _cuda_graph_release_problem(m: ModelSpec, env: RuleEnv) -> str | None:
     return None
 
 
-# --------------------------------------------------------------------------- EP all-to-all overlap
-
 #: The first megatron-core release with ``--overlap-moe-expert-parallel-comm`` (core_v0.14.0 arguments.py l.2889;
 #: absent from core_v0.13.0 and core_v0.13.1).
 EP_OVERLAP_SINCE = (0, 14)
@@ -264,8 +259,6 @@ def _ep_overlap_options_problem(m: ModelSpec, env: RuleEnv) -> str | None:
                 "attn,moe_router,moe_preprocess")
     return None
 
-
-# --------------------------------------------------------------------------- optimizer options
 
 #: The first megatron-core release with ``--optimizer dist_muon`` (core_v0.15.0 arguments.py l.2198: choices adam,
 #: sgd; core_v0.16.0 l.2057 adds muon, dist_muon).

@@ -34,21 +34,9 @@ from specs import ModelSpec, Workload
 from specs.layout import Layout, LayoutTable
 
 __all__ = [
-    "DEFAULT_RULE_ENV",
-    "Rule",
-    "RuleEnv",
-    "RULES",
-    "RULE_IDS",
-    "MOE_RECOMPUTE_MODULES",
-    "POLICY_RULES",
-    "check_table",
-    "check_layout",
-    "run_option_problems",
-    "applicable_recompute_modules",
-    "layout_warnings",
-]
+    "DEFAULT_RULE_ENV", "Rule", "RuleEnv", "RULES", "RULE_IDS", "MOE_RECOMPUTE_MODULES", "POLICY_RULES", "check_table",
+    "check_layout", "run_option_problems", "applicable_recompute_modules", "layout_warnings"]
 
-# --------------------------------------------------------------------------- registry
 
 #: Every rule, in the order they are checked (:func:`search_spaces.rule_base.rule` registers each with its check).
 #: Rules over the parallel sizes come first so that the enumeration can apply them before crossing in the rest.
@@ -75,18 +63,12 @@ def check_table(table: LayoutTable, model: ModelSpec, workload: Workload,
 
 def check_layout(layout: Layout, model: ModelSpec, workload: Workload,
                  env: RuleEnv = DEFAULT_RULE_ENV) -> list[tuple[str, str]]:
-    """Every rule ``layout`` breaks, with its reason.
-
-    Args: layout: one layout; model: the model it trains; workload: sequence length and global batch; env: release and
-    network of the environment-dependent rules.
-
-    Returns: ``[(rule_id, reason), ...]`` in check order; empty when the layout is valid."""
+    """Every rule ``layout`` breaks (``env``: release and network of the environment-dependent rules), with its reason:
+    ``[(rule_id, reason), ...]`` in check order; empty when the layout is valid."""
     table = LayoutTable.from_layouts([layout])
-    return [
-        (rule.id, rule.explain(layout, model, workload, env))
-        for rule in RULES
-        if not bool(rule.check(table, model, workload, env)[0])
-    ]
+    return [(rule.id, rule.explain(layout, model, workload, env))
+            for rule in RULES
+            if not bool(rule.check(table, model, workload, env)[0])]
 
 
 def run_option_problems(model: ModelSpec, workload: Workload, env: RuleEnv) -> list[tuple[str, str]]:

@@ -40,33 +40,11 @@ from specs.layout import (
     RecomputeMethod,
 )
 
-__all__ = [
-    "RecomputeOption",
-    "PipelineSplitSpace",
-    "SearchSpace",
-    "Enumeration",
-    "enumerate_layouts",
-    "DEFAULT_SPACE_FILE",
-]
-
-
-def _show(value: Any) -> str:
-    """A value for a message, cut short (``reprlib``: a few items per level, a few levels, 80 characters of a string),
-    so a huge or deeply nested YAML value cannot make the message itself huge."""
-    import reprlib
-
-    r = reprlib.Repr()
-    r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxlevel = 80, 80, 8, 8, 3
-    return r.repr(value)
-
 #: Name of the bundled default space inside the ``search_spaces`` package.
 DEFAULT_SPACE_FILE = "default_space.yaml"
 
 _DTYPES = ("fp32", "bf16")
 T = TypeVar("T")
-
-
-# --------------------------------------------------------------------------- options
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,24 +73,19 @@ class RecomputeOption:
         """Options from one YAML entry (``num_layers`` may be a list: one option each).
 
         Raises TunerError: if the entry is not a mapping, has unknown keys, or a value is not accepted; the message
-        names the entry and the accepted values.
-        """
+        names the entry and the accepted values."""
         if not isinstance(entry, Mapping):
-            raise TunerError(f"{where}: expected a mapping such as {{granularity: none}}, got {_show(entry)}")
+            raise TunerError(f"{where}: expected a mapping such as {{granularity: none}}, got {entry!r}")
         gran = entry.get("granularity")
         accepted = {
-            "none": {"granularity"},
-            "selective": {"granularity", "modules"},
-            "full": {"granularity", "method", "num_layers"},
-        }
+            "none": {"granularity"}, "selective": {"granularity", "modules"},
+            "full": {"granularity", "method", "num_layers"}}
         if gran not in accepted:
-            raise TunerError(f"{where}: granularity must be one of none, selective, full; got {_show(gran)}")
+            raise TunerError(f"{where}: granularity must be one of none, selective, full; got {gran!r}")
         unknown = set(entry) - accepted[gran]
         if unknown:
-            raise TunerError(
-                f"{where}: unknown keys {sorted(map(str, unknown))} for granularity {gran}; "
-                f"accepted: {sorted(accepted[gran])}"
-            )
+            raise TunerError(f"{where}: unknown keys {sorted(map(str, unknown))} for granularity {gran}; "
+                             f"accepted: {sorted(accepted[gran])}")
         if gran == "none":
             return [RecomputeOption()]
         if gran == "selective":
@@ -121,20 +94,17 @@ class RecomputeOption:
                 mods = [mods]
             if not isinstance(mods, list) or not mods or not all(isinstance(x, str) for x in mods):
                 raise TunerError(
-                    f"{where}: modules must be a non-empty list of names from {', '.join(RECOMPUTE_MODULES)}"
-                )
+                    f"{where}: modules must be a non-empty list of names from {', '.join(RECOMPUTE_MODULES)}")
             bad = [x for x in mods if x not in RECOMPUTE_MODULES]
             if bad:
                 raise TunerError(f"{where}: unknown recompute modules {bad}; accepted: {', '.join(RECOMPUTE_MODULES)}")
             return [RecomputeOption(granularity=RecomputeGranularity.selective, modules=tuple(dict.fromkeys(mods)))]
         method = entry.get("method")
         if method not in ("uniform", "block"):
-            raise TunerError(f"{where}: full recompute needs method uniform or block, got {_show(method)}")
+            raise TunerError(f"{where}: full recompute needs method uniform or block, got {method!r}")
         counts = _ints(entry.get("num_layers"), f"{where}.num_layers")
-        return [
-            RecomputeOption(granularity=RecomputeGranularity.full, method=RecomputeMethod(method), num_layers=n)
-            for n in counts
-        ]
+        return [RecomputeOption(granularity=RecomputeGranularity.full, method=RecomputeMethod(method), num_layers=n)
+                for n in counts]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -147,14 +117,10 @@ class PipelineSplitSpace:
     """Try uneven splits whose first/last ranks hold up to this many layers fewer than a middle rank."""
 
     def options(self, num_layers: int, pp: int) -> list[tuple[int, int]]:
-        """``(first, last)`` candidates for one pipeline size; ``(0, 0)`` = even.
-
-        For deficits ``d_f, d_l`` in ``0..max_stage_deficit`` (not both 0) with ``(num_layers + d_f + d_l) % pp == 0``,
-        the middle ranks hold ``m = (num_layers + d_f + d_l) / pp`` layers and the pair is ``(m - d_f, m - d_l)``, both
-        written out. Deficits that leave no whole middle size define no split and are not candidates. Duplicate pairs
-        are listed once; ``pp == 1`` has only the even split.
-
-        Returns: Distinct ``(first, last)`` pairs, even first."""
+        """Distinct ``(first, last)`` candidates for one pipeline size, even ``(0, 0)`` first. For deficits ``d_f, d_l``
+        in ``0..max_stage_deficit`` (not both 0) with ``(num_layers + d_f + d_l) % pp == 0``, the middle ranks hold
+        ``m = (num_layers + d_f + d_l) / pp`` layers and the pair is ``(m - d_f, m - d_l)``, both written out. Deficits
+        that leave no whole middle size define no split; ``pp == 1`` has only the even split."""
         out: list[tuple[int, int]] = [(0, 0)] if self.even else []
         if pp < 2:
             return out
@@ -173,9 +139,6 @@ class PipelineSplitSpace:
         return {"even": self.even, "max_stage_deficit": self.max_stage_deficit}
 
 
-# --------------------------------------------------------------------------- parsing helpers
-
-
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -186,16 +149,15 @@ def _unique(values: Sequence[T]) -> tuple[T, ...]:
 
 def _ints(value: Any, key: str) -> tuple[int, ...]:
     vals = _as_list(value)
-    if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1_000_000 for v in vals):
-        raise TunerError(f"{key}: expected a positive integer (at most 1,000,000) or a non-empty list of them, got "
-                         f"{_show(value)}")
+    if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in vals):
+        raise TunerError(f"{key}: expected a positive integer or a non-empty list of them, got {value!r}")
     return _unique(vals)
 
 
 def _bools(value: Any, key: str) -> tuple[bool, ...]:
     vals = _as_list(value)
     if not vals or not all(isinstance(v, bool) for v in vals):
-        raise TunerError(f"{key}: expected true, false or a list of them, got {_show(value)}")
+        raise TunerError(f"{key}: expected true, false or a list of them, got {value!r}")
     return _unique(vals)
 
 
@@ -203,7 +165,7 @@ def _fractions(value: Any, key: str) -> tuple[float, ...]:
     vals = _as_list(value)
     ok = vals and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0 for v in vals)
     if not ok:
-        raise TunerError(f"{key}: expected numbers in [0, 1] (a list or one), got {_show(value)}")
+        raise TunerError(f"{key}: expected numbers in [0, 1] (a list or one), got {value!r}")
     return _unique([float(v) for v in vals])
 
 
@@ -211,11 +173,8 @@ def _choices(value: Any, key: str, accepted: Sequence[str]) -> tuple[str, ...]:
     vals = _as_list(value)
     bad = [v for v in vals if v not in accepted]
     if not vals or bad:
-        raise TunerError(f"{key}: unknown values {_show(bad or vals)}; accepted: {', '.join(accepted)}")
+        raise TunerError(f"{key}: unknown values {bad or vals!r}; accepted: {', '.join(accepted)}")
     return _unique([str(v) for v in vals])
-
-
-# --------------------------------------------------------------------------- the space
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -223,8 +182,7 @@ class SearchSpace:
     """Candidates per dimension; every combination is a candidate layout.
 
     Made with :meth:`load` (the bundled default, or a YAML file over it) or :meth:`from_dict`; :meth:`to_dict` gives the
-    resolved space back for saving with a study. ``default_space.yaml`` documents each field.
-    """
+    resolved space back for saving with a study. ``default_space.yaml`` documents each field."""
 
     tp: tuple[int, ...]
     pp: tuple[int, ...]
@@ -246,24 +204,7 @@ class SearchSpace:
     @staticmethod
     def keys() -> tuple[str, ...]:
         """The accepted top-level YAML keys."""
-        return (
-            "tp",
-            "pp",
-            "vpp",
-            "cp",
-            "ep",
-            "etp",
-            "micro_batch_size",
-            "recompute",
-            "optimizer_offload_fraction",
-            "overlap_cpu_optimizer_d2h_h2d",
-            "dispatcher",
-            "pipeline_split",
-            "exp_avg_dtype",
-            "exp_avg_sq_dtype",
-            "use_precision_aware_optimizer",
-            "use_distributed_optimizer",
-        )
+        return tuple(f.name for f in dataclasses.fields(SearchSpace))
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> SearchSpace:
@@ -304,8 +245,7 @@ class SearchSpace:
         rec_raw = d["recompute"]
         if not isinstance(rec_raw, list) or not rec_raw:
             raise TunerError(
-                f"{where('recompute')}: expected a non-empty list of options, e.g. [{{granularity: none}}]"
-            )
+                f"{where('recompute')}: expected a non-empty list of options, e.g. [{{granularity: none}}]")
         rec: list[RecomputeOption] = []
         for i, entry in enumerate(rec_raw):
             rec += RecomputeOption.parse(entry, f"{where('recompute')}[{i}]")
@@ -313,90 +253,56 @@ class SearchSpace:
         split_raw = d["pipeline_split"]
         if not isinstance(split_raw, Mapping):
             raise TunerError(
-                f"{where('pipeline_split')}: expected {{even: true, max_stage_deficit: 2}}, got {_show(split_raw)}"
-            )
+                f"{where('pipeline_split')}: expected {{even: true, max_stage_deficit: 2}}, got {split_raw!r}")
         unknown = [str(k) for k in split_raw if k not in ("even", "max_stage_deficit")]
         if unknown:
             raise TunerError(f"{where('pipeline_split')}: unknown keys {unknown}; accepted: even, max_stage_deficit")
         even = split_raw.get("even", True)
         deficit = split_raw.get("max_stage_deficit", 0)
         if not isinstance(even, bool):
-            raise TunerError(f"{where('pipeline_split.even')}: expected true or false, got {_show(even)}")
+            raise TunerError(f"{where('pipeline_split.even')}: expected true or false, got {even!r}")
         if not isinstance(deficit, int) or isinstance(deficit, bool) or not 0 <= deficit <= 64:
             raise TunerError(f"{where('pipeline_split.max_stage_deficit')}: expected an integer from 0 to 64, got "
-                             f"{_show(deficit)}")
+                             f"{deficit!r}")
         if not even and deficit == 0:
             raise TunerError(
-                f"{where('pipeline_split')}: even is false and max_stage_deficit is 0, so no split is left"
-            )
+                f"{where('pipeline_split')}: even is false and max_stage_deficit is 0, so no split is left")
 
-        return cls(
-            tp=_ints(d["tp"], where("tp")),
-            pp=_ints(d["pp"], where("pp")),
-            vpp=_ints(d["vpp"], where("vpp")),
-            cp=_ints(d["cp"], where("cp")),
-            ep=_ints(d["ep"], where("ep")),
-            etp=_ints(d["etp"], where("etp")),
-            micro_batch_size=_ints(d["micro_batch_size"], where("micro_batch_size")),
-            recompute=_unique(rec),
-            optimizer_offload_fraction=_fractions(d["optimizer_offload_fraction"], where("optimizer_offload_fraction")),
-            overlap_cpu_optimizer_d2h_h2d=_bools(
-                d["overlap_cpu_optimizer_d2h_h2d"], where("overlap_cpu_optimizer_d2h_h2d")
-            ),
-            dispatcher=tuple(
-                Dispatcher(v) for v in _choices(d["dispatcher"], where("dispatcher"), [x.value for x in Dispatcher])
-            ),
-            pipeline_split=PipelineSplitSpace(even=even, max_stage_deficit=deficit),
-            exp_avg_dtype=_choices(d["exp_avg_dtype"], where("exp_avg_dtype"), _DTYPES),
-            exp_avg_sq_dtype=_choices(d["exp_avg_sq_dtype"], where("exp_avg_sq_dtype"), _DTYPES),
-            use_precision_aware_optimizer=_bools(
-                d["use_precision_aware_optimizer"], where("use_precision_aware_optimizer")
-            ),
-            use_distributed_optimizer=_bools(d["use_distributed_optimizer"], where("use_distributed_optimizer")),
-        )
+        values = {k: read(d[k], where(k)) for k, read in _READERS.items()}
+        return cls(recompute=_unique(rec), pipeline_split=PipelineSplitSpace(even=even, max_stage_deficit=deficit),
+                   **values)
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved space as plain YAML/JSON data; ``from_dict(to_dict())`` gives it back."""
-        return {
-            "tp": list(self.tp),
-            "pp": list(self.pp),
-            "vpp": list(self.vpp),
-            "cp": list(self.cp),
-            "ep": list(self.ep),
-            "etp": list(self.etp),
-            "micro_batch_size": list(self.micro_batch_size),
-            "recompute": [r.to_dict() for r in self.recompute],
-            "optimizer_offload_fraction": list(self.optimizer_offload_fraction),
-            "overlap_cpu_optimizer_d2h_h2d": list(self.overlap_cpu_optimizer_d2h_h2d),
-            "dispatcher": [d.value for d in self.dispatcher],
-            "pipeline_split": self.pipeline_split.to_dict(),
-            "exp_avg_dtype": list(self.exp_avg_dtype),
-            "exp_avg_sq_dtype": list(self.exp_avg_sq_dtype),
-            "use_precision_aware_optimizer": list(self.use_precision_aware_optimizer),
-            "use_distributed_optimizer": list(self.use_distributed_optimizer),
-        }
+        out = {k: getattr(self, k) for k in self.keys()}
+        return {**out, **{k: list(v) for k, v in out.items() if isinstance(v, tuple)},
+                "recompute": [r.to_dict() for r in self.recompute], "dispatcher": [d.value for d in self.dispatcher],
+                "pipeline_split": self.pipeline_split.to_dict()}
 
     def replace(self, **changes: Any) -> SearchSpace:
         """A copy with some dimensions changed (values as the dataclass holds them)."""
         return dataclasses.replace(self, **changes)
 
 
+#: How each dimension other than recompute and pipeline_split is read, in the order of :meth:`SearchSpace.keys`.
+_READERS: dict[str, Any] = {
+    **dict.fromkeys(("tp", "pp", "vpp", "cp", "ep", "etp", "micro_batch_size"), _ints),
+    "optimizer_offload_fraction": _fractions, "overlap_cpu_optimizer_d2h_h2d": _bools,
+    "dispatcher": lambda v, k: tuple(Dispatcher(x) for x in _choices(v, k, [d.value for d in Dispatcher])),
+    **dict.fromkeys(("exp_avg_dtype", "exp_avg_sq_dtype"), lambda v, k: _choices(v, k, _DTYPES)),
+    **dict.fromkeys(("use_precision_aware_optimizer", "use_distributed_optimizer"), _bools)}
+
+
 def _read_default() -> dict[str, Any]:
-    text = resources.files("search_spaces").joinpath(DEFAULT_SPACE_FILE).read_text()
-    data = yaml.safe_load(text)
-    assert isinstance(data, dict), "the bundled default space must be a mapping"
+    data: dict[str, Any] = yaml.safe_load(resources.files("search_spaces").joinpath(DEFAULT_SPACE_FILE).read_text())
     return data
-
-
-# --------------------------------------------------------------------------- enumeration
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Enumeration:
     """What :func:`enumerate_layouts` found.
 
-    ``sum(rule_counts.values()) + len(valid) == considered``.
-    """
+    ``sum(rule_counts.values()) + len(valid) == considered``."""
 
     considered: int
     """Every combination of the space's dimensions (after the model-specific collapsing in ``notes``)."""
@@ -465,57 +371,30 @@ def _build_dims(space: SearchSpace, model: ModelSpec, notes: list[str], env: Rul
         if opt not in rec:
             rec.append(opt)
     if dropped:
-        notes.append(
-            f"recompute modules {sorted(dropped)} have nothing to recompute in model {model.name!r} and were "
-            "dropped from the selective options (options left empty were removed)"
-        )
+        notes.append(f"recompute modules {sorted(dropped)} have nothing to recompute in model {model.name!r} and were "
+                     "dropped from the selective options (options left empty were removed)")
     if not rec:
-        raise TunerError(
-            f"the search space's recompute options leave nothing to try for model {model.name!r}; "
-            f"accepted modules for it: {', '.join(sorted(allowed))}"
-        )
+        raise TunerError(f"the search space's recompute options leave nothing to try for model {model.name!r}; "
+                         f"accepted modules for it: {', '.join(sorted(allowed))}")
 
-    pipe_pp: list[int] = []
-    pipe_first: list[int] = []
-    pipe_last: list[int] = []
-    for pp in space.pp:
-        for first, last in space.pipeline_split.options(model.num_layers, pp):
-            pipe_pp.append(pp)
-            pipe_first.append(first)
-            pipe_last.append(last)
-
+    pipe = [(pp, f, la) for pp in space.pp for f, la in space.pipeline_split.options(model.num_layers, pp)]
+    one: dict[str, Sequence[Any]] = {"cp": space.cp, "ep": ep, "etp": etp, "micro_batch_size": space.micro_batch_size,
+                                     "vpp": space.vpp}
+    rest: dict[str, Sequence[Any]] = {
+        "optimizer_offload_fraction": space.optimizer_offload_fraction,
+        "overlap_cpu_optimizer_d2h_h2d": space.overlap_cpu_optimizer_d2h_h2d, "use_distributed_optimizer": distopt,
+        "use_precision_aware_optimizer": precision_aware, "exp_avg_dtype": space.exp_avg_dtype,
+        "exp_avg_sq_dtype": space.exp_avg_sq_dtype, "dispatcher": [d.value for d in dispatcher]}
     return [
-        _dim(
-            "pipeline",
-            {
-                "pp": pipe_pp,
-                "num_layers_in_first_pipeline_stage": pipe_first,
-                "num_layers_in_last_pipeline_stage": pipe_last,
-            },
-        ),
+        _dim("pipeline", {"pp": [p[0] for p in pipe], "num_layers_in_first_pipeline_stage": [p[1] for p in pipe],
+                          "num_layers_in_last_pipeline_stage": [p[2] for p in pipe]}),
         _dim("tp", {"tp": space.tp, "sequence_parallel": [t > 1 for t in space.tp]}),
-        _dim("cp", {"cp": space.cp}),
-        _dim("ep", {"ep": ep}),
-        _dim("etp", {"etp": etp}),
-        _dim("micro_batch_size", {"micro_batch_size": space.micro_batch_size}),
-        _dim("vpp", {"vpp": space.vpp}),
-        _dim(
-            "recompute",
-            {
-                "recompute_granularity": [r.granularity.value for r in rec],
-                "recompute_method": [r.method.value for r in rec],
-                "recompute_num_layers": [r.num_layers for r in rec],
-                "recompute_modules": [",".join(r.modules) for r in rec],
-            },
-        ),
-        _dim("optimizer_offload_fraction", {"optimizer_offload_fraction": space.optimizer_offload_fraction}),
-        _dim("overlap_cpu_optimizer_d2h_h2d", {"overlap_cpu_optimizer_d2h_h2d": space.overlap_cpu_optimizer_d2h_h2d}),
-        _dim("use_distributed_optimizer", {"use_distributed_optimizer": distopt}),
-        _dim("use_precision_aware_optimizer", {"use_precision_aware_optimizer": precision_aware}),
-        _dim("exp_avg_dtype", {"exp_avg_dtype": space.exp_avg_dtype}),
-        _dim("exp_avg_sq_dtype", {"exp_avg_sq_dtype": space.exp_avg_sq_dtype}),
-        _dim("dispatcher", {"dispatcher": [d.value for d in dispatcher]}),
-    ]
+        *(_dim(k, {k: v}) for k, v in one.items()),
+        _dim("recompute", {"recompute_granularity": [r.granularity.value for r in rec],
+                           "recompute_method": [r.method.value for r in rec],
+                           "recompute_num_layers": [r.num_layers for r in rec],
+                           "recompute_modules": [",".join(r.modules) for r in rec]}),
+        *(_dim(k, {k: v}) for k, v in rest.items())]
 
 
 class _Product:
@@ -595,18 +474,14 @@ def enumerate_layouts(space: SearchSpace, model: ModelSpec, cluster_world_size: 
                       env: RuleEnv = DEFAULT_RULE_ENV) -> Enumeration:
     """Every combination of the space, checked against the rules: the count of combinations, the count rejected by each
     rule (first failure), the valid layouts (codes into each dimension's options, :class:`~specs.layout.LayoutTable`)
-    and notes.
-
-    For a dense model ep/etp/dispatcher collapse to ``[1]/[1]/[alltoall]``; recompute modules the model lacks are
-    dropped; with ``env.optimizer`` ``dist_muon`` the precision-aware optimizer (and, before megatron-core 0.18, the
-    distributed optimizer) is off (each said in ``notes``). Rules run in :data:`~search_spaces.rules.RULES` order on
-    partial products, once per combination of the options they read, so ``rule_counts`` equals
+    and notes. For a dense model ep/etp/dispatcher collapse to ``[1]/[1]/[alltoall]``; recompute modules the model
+    lacks are dropped; with ``env.optimizer`` ``dist_muon`` the precision-aware optimizer (and, before megatron-core
+    0.18, the distributed optimizer) is off (each said in ``notes``). Rules run in :data:`~search_spaces.rules.RULES`
+    order on partial products, once per combination of the options they read, so ``rule_counts`` equals
     :func:`~search_spaces.rules.check_table` on the full product.
 
-    Raises TunerError: ``cluster_world_size`` not positive, the run options in ``env`` break a rule whatever the
-    layout (:func:`~search_spaces.rules.run_option_problems`), or no recompute option left for the model."""
-    if not isinstance(cluster_world_size, int) or cluster_world_size < 1:
-        raise TunerError(f"the GPU count must be a positive integer, got {cluster_world_size!r}")
+    Raises TunerError: the run options in ``env`` break a rule whatever the layout
+    (:func:`~search_spaces.rules.run_option_problems`), or no recompute option left for the model."""
     notes: list[str] = []
     dims = _build_dims(space, model, notes, env)
     prod = _Product(dims, cluster_world_size)

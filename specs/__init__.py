@@ -5,8 +5,7 @@ Model, GPU, cluster and workload descriptions (:class:`ModelSpec`, :class:`GPUSp
 one user-error type (:class:`TunerError`), the units and the consoles the command lines print through
 (:mod:`specs.console`). It imports nothing else of this project; every other package may import it
 (``tests/test_package_order.py`` checks the order ``specs`` < ``search_spaces`` < ``cost_model`` < ``launch`` < ``rl`` <
-``tuner``).
-"""
+``tuner``)."""
 
 from __future__ import annotations
 
@@ -36,43 +35,10 @@ from specs.workload import (
 )
 
 __all__ = [
-    "BF16_BYTES",
-    "DEFAULT_MEMORY_HEADROOM",
-    "CUDA_GRAPH_MOE_SCOPES",
-    "Cluster",
-    "DEFAULT_INTER_NODE_BYTES_PER_S",
-    "DEFAULT_RUN_OPTIONS",
-    "DEFAULT_USD_PER_GPU_HOUR",
-    "Dispatcher",
-    "DispatcherOnFabric",
-    "FP32_BYTES",
-    "FP8_BYTES",
-    "GIB",
-    "GPUSpec",
-    "HARNESS_RUN_OPTIONS",
-    "HARNESS_TE_RUN_OPTIONS",
-    "KNOWN_MEGATRON_CORE",
-    "NEWEST_MEGATRON_CORE",
-    "InfeasibleLayout",
-    "Layout",
-    "LayoutTable",
-    "MIB",
-    "ModelSpec",
-    "Network",
-    "Precision",
-    "RECOMPUTE_MODULES",
-    "RecomputeGranularity",
-    "RecomputeMethod",
-    "RunOptions",
-    "TunerError",
-    "Workload",
-    "list_gpus",
-    "list_models",
-    "list_networks",
-    "load_gpu",
-    "load_model",
-    "load_network",
-    "megatron_core_version",
-    "model_from_hf_config",
-    "parse_gpus",
-]
+    "BF16_BYTES", "DEFAULT_MEMORY_HEADROOM", "CUDA_GRAPH_MOE_SCOPES", "Cluster", "DEFAULT_INTER_NODE_BYTES_PER_S",
+    "DEFAULT_RUN_OPTIONS", "DEFAULT_USD_PER_GPU_HOUR", "Dispatcher", "DispatcherOnFabric", "FP32_BYTES", "FP8_BYTES",
+    "GIB", "GPUSpec", "HARNESS_RUN_OPTIONS", "HARNESS_TE_RUN_OPTIONS", "KNOWN_MEGATRON_CORE", "NEWEST_MEGATRON_CORE",
+    "InfeasibleLayout", "Layout", "LayoutTable", "MIB", "ModelSpec", "Network", "Precision", "RECOMPUTE_MODULES",
+    "RecomputeGranularity", "RecomputeMethod", "RunOptions", "TunerError", "Workload", "list_gpus", "list_models",
+    "list_networks", "load_gpu", "load_model", "load_network", "megatron_core_version", "model_from_hf_config",
+    "parse_gpus"]

@@ -64,10 +64,8 @@ def read_user_yaml(text: str, label: str) -> Any:
 
 
 def load_user_yaml(path: Any, label: str, expected: str) -> Any:
-    """Read and parse a user's YAML file with :func:`read_user_yaml`.
-
-    Args: path: the file (a ``str`` or ``Path``); label: how the file is named in messages (``--space PATH``); expected:
-    what the file should be, for a file that is not text ("a YAML search space").
+    """Read and parse the user's YAML file ``path`` with :func:`read_user_yaml`; ``label`` names it in messages
+    (``--space PATH``), ``expected`` says what it should be ("a YAML search space").
 
     Raises TunerError: the file cannot be read, is not UTF-8 text, or is not accepted by :func:`read_user_yaml`."""
     from specs.files import parse_errors, read_user_text
@@ -79,8 +77,7 @@ def load_user_yaml(path: Any, label: str, expected: str) -> Any:
 
 def dump_user_yaml(doc: Any) -> str:
     """YAML text of ``doc`` that :func:`read_user_yaml` reads back: PyYAML's safe dumper, without the anchors and
-    aliases
-    it would write for an object referenced twice (``&id001`` / ``*id001``): every value written out."""
+    aliases it would write for an object referenced twice (``&id001`` / ``*id001``): every value written out."""
     import yaml
 
     class _Dumper(yaml.SafeDumper):

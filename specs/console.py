@@ -13,8 +13,6 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["Col", "err", "fitted_table", "out", "say"]
-
 # The terminal's width, or COLUMNS when the output is piped (80 when that is not set), as rich does by default.
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -50,8 +48,7 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], console: Co
 
     Optional columns (``drop`` > 0) leave, highest ``drop`` first, until the widest row fits; the others always stay
     and fold rather than cut (no ``…``). Each row holds one string per column of ``cols``; what a narrow terminal
-    leaves out belongs in the command's ``--json``.
-    """
+    leaves out belongs in the command's ``--json``."""
     console = console or out
     keep = list(range(len(cols)))
 

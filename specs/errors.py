@@ -1,8 +1,7 @@
 """The one exception type a user can cause, shared by every package.
 
 The command line prints a :class:`TunerError` on one line to stderr and exits 2,
-without a traceback (``--debug`` shows it).
-"""
+without a traceback (``--debug`` shows it)."""
 
 from __future__ import annotations
 

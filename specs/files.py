@@ -20,10 +20,6 @@ from typing import Any
 
 from specs.errors import TunerError
 
-__all__ = ["RepeatedKey", "load_user_json", "parse_errors", "read_user_text", "refuse_another_kind",
-           "unique_keys", "write_error", "write_output"]
-
-
 
 @contextmanager
 def parse_errors(label: str, expected: str) -> Iterator[None]:

@@ -1,7 +1,6 @@
 """Hardware: :class:`GPUSpec` (bundled datasheets) and the :class:`Cluster` a job runs on.
 
-SI units (bytes, FLOP/s, bytes/s); the YAML datasheets name their units and are converted once, here.
-"""
+SI units (bytes, FLOP/s, bytes/s); the YAML datasheets name their units and are converted once, here."""
 
 from __future__ import annotations
 
@@ -18,16 +17,6 @@ from specs._data import GPU_DIR, data_files
 from specs.errors import TunerError
 from specs.network import Network, list_networks, load_network
 from specs.precision import Precision
-
-__all__ = [
-    "Cluster",
-    "DEFAULT_INTER_NODE_BYTES_PER_S",
-    "DEFAULT_USD_PER_GPU_HOUR",
-    "GPUSpec",
-    "list_gpus",
-    "load_gpu",
-    "parse_gpus",
-]
 
 #: Per-node network bandwidth of the seed's cluster: AWS p5en.48xlarge, 3.2 Tb/s EFA
 #: per node (seeds/001 ``stack.network``) = 400e9 bytes/s.
@@ -96,8 +85,7 @@ def load_gpu(name: str) -> GPUSpec:
 
     Raises TunerError: unknown GPU, with the known ones listed; a datasheet that is not valid YAML, lacks a key or has a
     value of the wrong kind (``specs/data/gpu.schema.json``; e.g. a ``family`` other than ampere / hopper / blackwell),
-    naming the file and the key.
-    """
+    naming the file and the key."""
     files = data_files(GPU_DIR, ".yaml")
     by_lower = {k.lower(): k for k in files}
     key = by_lower.get(name.lower())
@@ -107,24 +95,17 @@ def load_gpu(name: str) -> GPUSpec:
         raise TunerError(f"unknown GPU {name!r:.60}.{hint} Known GPUs: {', '.join(sorted(files))}")
     d = _checked_datasheet(files[key].name, files[key].read_text())
     return GPUSpec(
-        name=d["name"],
-        hbm_bytes=float(d["hbm_mib"]) * 2**20,
+        name=d["name"], hbm_bytes=float(d["hbm_mib"]) * 2**20,
         peak_flops_bf16=float(d["peak_tflops_bf16_dense"]) * 1e12,
         peak_flops_fp8=float(d.get("peak_tflops_fp8_dense") or 0) * 1e12,
         peak_flops_fp4=float(d.get("peak_tflops_fp4_dense") or 0) * 1e12,
         network_bytes_per_s_per_gpu=float(d.get("network_gb_per_s_per_gpu") or 0) * 1e9,
         hbm_bytes_per_s=float(d["hbm_tb_per_s"]) * 1e12,
         nvlink_bytes_per_s=float(d["nvlink_gb_per_s_per_direction"]) * 1e9,
-        pcie_bytes_per_s=float(d["pcie_gb_per_s_per_direction"]) * 1e9,
-        gpus_per_node=int(d["gpus_per_node"]),
-        nvlink_domain=int(d["nvlink_domain"]),
-        family=str(d["family"]),
-        generation=str(d.get("generation") or ""),
-        source=str(d["source"]),
-        server=str(d.get("server") or ""),
-        network=str(d.get("network") or ""),
-        host_memory_bytes=float(d.get("host_memory_gib") or 0) * 2**30,
-    )
+        pcie_bytes_per_s=float(d["pcie_gb_per_s_per_direction"]) * 1e9, gpus_per_node=int(d["gpus_per_node"]),
+        nvlink_domain=int(d["nvlink_domain"]), family=str(d["family"]), generation=str(d.get("generation") or ""),
+        source=str(d["source"]), server=str(d.get("server") or ""), network=str(d.get("network") or ""),
+        host_memory_bytes=float(d.get("host_memory_gib") or 0) * 2**30)
 
 
 def _checked_datasheet(file: str, text: str) -> dict[str, Any]:
@@ -161,19 +142,11 @@ def network_bytes_per_s(gbps: float) -> float:
     """``--network-gbps`` (Gb/s per node) as bytes/s, checked first in its own unit (1e308 Gb/s overflows as bytes).
 
     Raises TunerError: not finite, or outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] (one message naming
-    ``--network-gbps`` and the range).
-    """
+    ``--network-gbps`` and the range)."""
     if not (math.isfinite(gbps) and MIN_NETWORK_GBPS <= gbps <= MAX_NETWORK_GBPS):
         raise TunerError(f"--network-gbps must be a number of at least {MIN_NETWORK_GBPS:g} and at most "
                          f"{MAX_NETWORK_GBPS:,.0f} Gb/s per node, got {gbps:g}")
     return gbps * 1e9 / 8
-
-
-def check_network_gbps(bytes_per_s: float) -> None:
-    """Refuse a per-node network bandwidth (bytes/s) outside [MIN_NETWORK_GBPS, MAX_NETWORK_GBPS] Gb/s.
-
-    Raises TunerError: not finite, or outside the range (one message naming ``--network-gbps`` and the range)."""
-    network_bytes_per_s(bytes_per_s * 8 / 1e9)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -204,9 +177,8 @@ class Cluster:
             raise TunerError(
                 f"--gpus {self.num_gpus}x{self.gpu.name}: {self.num_gpus} GPUs are not a whole number of "
                 f"{self.gpus_per_node}-GPU nodes; use {lo or self.gpus_per_node} or {lo + self.gpus_per_node}, "
-                "or set --gpus-per-node"
-            )
-        check_network_gbps(self.inter_node_bytes_per_s)
+                "or set --gpus-per-node")
+        network_bytes_per_s(self.inter_node_bytes_per_s * 8 / 1e9)  # the --network-gbps range
         if not (math.isfinite(self.usd_per_gpu_hour) and self.usd_per_gpu_hour >= 0):
             raise TunerError("--usd-per-gpu-hour must be a finite number of US dollars, at least 0, got "
                              f"{self.usd_per_gpu_hour:g}")
@@ -242,17 +214,9 @@ class Cluster:
 _GPUS_RE = re.compile(r"\s*(?:(\d+)\s*[xX*]\s*)?(\d+)\s*[xX*]\s*([A-Za-z][A-Za-z0-9_-]*)\s*", re.ASCII)
 
 
-def parse_gpus(
-    text: str,
-    *,
-    gpus_per_node: int | None = None,
-    inter_node_bytes_per_s: float | None = None,
-    usd_per_gpu_hour: float | None = None,
-    network: str | None = None,
-    host_memory_gib: float | None = None,
-    require_network: bool = False,
-    name: str = "--gpus",
-) -> Cluster:
+def parse_gpus(text: str, *, gpus_per_node: int | None = None, inter_node_bytes_per_s: float | None = None,
+               usd_per_gpu_hour: float | None = None, network: str | None = None, host_memory_gib: float | None = None,
+               require_network: bool = False, name: str = "--gpus") -> Cluster:
     """Parse ``64xH200`` (GPUs) or ``8x8xH200`` (nodes x GPUs per node); ``name`` is what messages call the text.
 
     ``network`` names the scale-out fabric (:func:`specs.network.load_network`; default the GPU's server type's); the
@@ -264,10 +228,8 @@ def parse_gpus(
     shown = repr(text) if len(text or "") <= 80 else repr(text[:77] + "...")
     m = _GPUS_RE.fullmatch(text or "")
     if not m:
-        raise TunerError(
-            f"{name} {shown}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
-            f"(GPUs: {', '.join(list_gpus())})"
-        )
+        raise TunerError(f"{name} {shown}: expected COUNTxGPU such as 64xH200, or NODESxPER_NODExGPU such as 8x8xH200 "
+                         f"(GPUs: {', '.join(list_gpus())})")
     nodes = int(m.group(1)) if m.group(1) is not None else None
     count, gname = int(m.group(2)), m.group(3)
     try:
@@ -276,8 +238,6 @@ def parse_gpus(
         raise TunerError(f"{name} {shown}: {e}") from None
     if gpus_per_node is not None and gpus_per_node <= 0:
         raise TunerError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
-    if inter_node_bytes_per_s is not None:
-        check_network_gbps(inter_node_bytes_per_s)
     if nodes is not None:
         per = count
         total = nodes * count
@@ -299,18 +259,12 @@ def parse_gpus(
     elif require_network:
         raise TunerError(
             f"{name} {shown}: {gpu.name}'s server type ({gpu.server or 'not named in its datasheet'}) has no default "
-            f"network; name it with --network (known: {', '.join(list_networks())})"
-        )
+            f"network; name it with --network (known: {', '.join(list_networks())})")
     if inter_node_bytes_per_s is None:
         inter_node_bytes_per_s = net.per_gpu_bytes_per_s * per if net is not None else DEFAULT_INTER_NODE_BYTES_PER_S
     if host_memory_gib is not None and not (math.isfinite(host_memory_gib) and host_memory_gib > 0):
         raise TunerError(f"--host-memory-gib must be a finite positive number of GiB, got {host_memory_gib:g}")
     return Cluster(
-        gpu=gpu,
-        num_gpus=total,
-        gpus_per_node=per,
-        inter_node_bytes_per_s=inter_node_bytes_per_s,
-        usd_per_gpu_hour=DEFAULT_USD_PER_GPU_HOUR if usd_per_gpu_hour is None else usd_per_gpu_hour,
-        network=net,
-        host_memory_bytes_per_node=gpu.host_memory_bytes if host_memory_gib is None else host_memory_gib * 2**30,
-    )
+        gpu=gpu, num_gpus=total, gpus_per_node=per, inter_node_bytes_per_s=inter_node_bytes_per_s,
+        usd_per_gpu_hour=DEFAULT_USD_PER_GPU_HOUR if usd_per_gpu_hour is None else usd_per_gpu_hour, network=net,
+        host_memory_bytes_per_node=gpu.host_memory_bytes if host_memory_gib is None else host_memory_gib * 2**30)

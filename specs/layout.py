@@ -1,8 +1,7 @@
 """The parallel layout of one training job, and a columnar table of many.
 
 Field names are Megatron-core's (``ModelParallelConfig`` / ``TransformerConfig``
-/ ``OptimizerConfig``) so that a layout maps flag for flag onto a run command.
-"""
+/ ``OptimizerConfig``) so that a layout maps flag for flag onto a run command."""
 
 from __future__ import annotations
 
@@ -16,19 +15,6 @@ import numpy as np
 import numpy.typing as npt
 
 from specs.errors import TunerError
-
-__all__ = [
-    "RecomputeGranularity",
-    "RecomputeMethod",
-    "Dispatcher",
-    "RECOMPUTE_MODULES",
-    "OPTIMIZER_STATE_DTYPES",
-    "Layout",
-    "LayoutTable",
-    "CODED_COLUMNS",
-    "categories",
-    "enum_mask",
-]
 
 
 class RecomputeGranularity(str, Enum):
@@ -158,8 +144,7 @@ class Layout:
     """One candidate parallel layout of a training job.
 
     ``dp`` and ``edp`` are derived (Megatron's ``parallel_state``):
-    ``dp = world_size / (tp * pp * cp)`` and ``edp = world_size / (etp * ep * pp)``.
-    """
+    ``dp = world_size / (tp * pp * cp)`` and ``edp = world_size / (etp * ep * pp)``."""
 
     world_size: int
     """GPUs in the job."""
@@ -218,9 +203,7 @@ class Layout:
         # Normalise enums given as strings.
         for name, enum, flag in (
             ("recompute_granularity", RecomputeGranularity, "--recompute"),
-            ("recompute_method", RecomputeMethod, "--recompute-method"),
-            ("dispatcher", Dispatcher, "--dispatcher"),
-        ):
+            ("recompute_method", RecomputeMethod, "--recompute-method"), ("dispatcher", Dispatcher, "--dispatcher")):
             try:
                 object.__setattr__(self, name, enum(getattr(self, name)))
             except ValueError:
@@ -228,7 +211,6 @@ class Layout:
                 raise TunerError(f"{flag} {getattr(self, name)!r}: accepted {accepted}") from None
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
 
-    # ---- derived ----------------------------------------------------------------
     @property
     def dp(self) -> int:
         """Data-parallel size of the dense grid, ``world / (tp*pp*cp)`` (floor; rules check divisibility)."""
@@ -257,15 +239,8 @@ class Layout:
     @property
     def label(self) -> str:
         """Short label in the seed's style, e.g. ``TP1 PP8 VPP4 EP8 DP8``."""
-        parts = [f"TP{self.tp}", f"PP{self.pp}"]
-        if self.vpp > 1:
-            parts.append(f"VPP{self.vpp}")
-        if self.cp > 1:
-            parts.append(f"CP{self.cp}")
-        if self.ep > 1:
-            parts.append(f"EP{self.ep}")
-        if self.etp != 1:
-            parts.append(f"ETP{self.etp}")
+        parts = [f"TP{self.tp}", f"PP{self.pp}"] + [f"{name}{n}" for name, n in (
+            ("VPP", self.vpp), ("CP", self.cp), ("EP", self.ep), ("ETP", self.etp)) if n != 1]
         mp = self.tp * self.pp * self.cp
         parts.append(f"DP{self.dp}" if self.world_size % mp == 0 else "DP?")
         return " ".join(parts)
@@ -299,8 +274,7 @@ class Layout:
         kw = {k: v for k, v in d.items() if k in names}
         if "recompute_modules" in kw:
             mods = kw["recompute_modules"]
-            kw["recompute_modules"] = tuple(mods.split(",")) if isinstance(mods, str) else tuple(mods or ())
-            kw["recompute_modules"] = tuple(m for m in kw["recompute_modules"] if m)
+            kw["recompute_modules"] = tuple(m for m in (mods.split(",") if isinstance(mods, str) else mods or ()) if m)
         return cls(**kw)
 
     def replace(self, **changes: Any) -> Layout:
@@ -312,8 +286,7 @@ def categories(values: npt.NDArray[Any]) -> tuple[list[str], npt.NDArray[np.intp
 
     Hashes the UCS-4 code points (only the character positions used by some row)
     to uint64 first: ``np.unique`` on unicode arrays sorts strings and is several
-    times slower on the ~10^6-row tables of a search space.
-    """
+    times slower on the ~10^6-row tables of a search space."""
     if len(values) == 0:
         return [], np.zeros(0, dtype=np.intp)
     width = values.dtype.itemsize // 4
@@ -361,30 +334,8 @@ def enum_mask(table: LayoutTable, column: str, enum: type[_E],
 
 #: Column dtypes of a :class:`LayoutTable` (one per Layout field), as ``table[name]`` gives them. ``str``
 #: columns (enum values, the comma-joined recompute modules) are held as codes into categories.
-_COLUMNS: dict[str, Any] = {
-    "world_size": np.int64,
-    "tp": np.int64,
-    "pp": np.int64,
-    "vpp": np.int64,
-    "cp": np.int64,
-    "ep": np.int64,
-    "etp": np.int64,
-    "micro_batch_size": np.int64,
-    "sequence_parallel": np.bool_,
-    "recompute_granularity": str,
-    "recompute_method": str,
-    "recompute_num_layers": np.int64,
-    "recompute_modules": str,
-    "optimizer_offload_fraction": np.float64,
-    "overlap_cpu_optimizer_d2h_h2d": np.bool_,
-    "dispatcher": str,
-    "use_distributed_optimizer": np.bool_,
-    "use_precision_aware_optimizer": np.bool_,
-    "exp_avg_dtype": str,
-    "exp_avg_sq_dtype": str,
-    "num_layers_in_first_pipeline_stage": np.int64,
-    "num_layers_in_last_pipeline_stage": np.int64,
-}
+_COLUMNS: dict[str, Any] = {f.name: {"int": np.int64, "bool": np.bool_, "float": np.float64}.get(str(f.type), str)
+                            for f in dataclasses.fields(Layout)}
 
 #: The string columns of a :class:`LayoutTable`: always held as codes.
 CODED_COLUMNS: tuple[str, ...] = tuple(k for k, v in _COLUMNS.items() if v is str)

@@ -1,7 +1,6 @@
 """The model description: :class:`ModelSpec`, from a bundled preset or a Hugging Face ``config.json``.
 
-Field names follow Megatron-core's ``TransformerConfig`` spelling where one exists.
-"""
+Field names follow Megatron-core's ``TransformerConfig`` spelling where one exists."""
 
 from __future__ import annotations
 
@@ -18,16 +17,13 @@ from specs._data import MODEL_DIR, data_files
 from specs.errors import TunerError
 from specs.files import load_user_json
 
-__all__ = ["ModelSpec", "list_models", "load_model", "model_from_hf_config"]
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
     """A decoder-only transformer, dense or mixture-of-experts.
 
     Field names are Megatron-core's (``TransformerConfig``). Built from a Hugging
-    Face ``config.json`` by :func:`load_model`.
-    """
+    Face ``config.json`` by :func:`load_model`."""
 
     name: str
     """Preset name or the path the config was read from."""
@@ -157,8 +153,7 @@ class ModelSpec:
         if self.num_attention_heads % self.num_query_groups:
             raise TunerError(
                 f"model {self.name!r}: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_query_groups})"
-            )
+                f"num_key_value_heads ({self.num_query_groups})")
         if self.num_experts and self.moe_router_topk > self.num_experts:
             raise TunerError(f"model {self.name!r}: num_experts_per_tok ({self.moe_router_topk}) exceeds num_experts "
                              f"({self.num_experts})")
@@ -170,10 +165,8 @@ class ModelSpec:
             raise TunerError(f"model {self.name!r}: rms_norm_eps and rope_theta must be > 0 and the rotary share in "
                              "(0, 1]")
         if self.num_experts and (self.moe_router_topk <= 0 or self.moe_ffn_hidden_size <= 0):
-            raise TunerError(
-                f"model {self.name!r}: a MoE model needs moe_router_topk and moe_ffn_hidden_size > 0 "
-                f"(got {self.moe_router_topk}, {self.moe_ffn_hidden_size})"
-            )
+            raise TunerError(f"model {self.name!r}: a MoE model needs moe_router_topk and moe_ffn_hidden_size > 0 "
+                             f"(got {self.moe_router_topk}, {self.moe_ffn_hidden_size})")
         if self.rope_scaling_type == "yarn" and not (0 < self.rope_scaling_beta_slow <= self.rope_scaling_beta_fast
                                                      and 0 < self.rope_scaling_factor):
             raise TunerError(f"model {self.name!r}: YaRN rope_scaling needs 0 < beta_slow <= beta_fast and 0 < factor, "
@@ -203,22 +196,17 @@ class ModelSpec:
         if self.activation_func_clamp_value < 0:
             raise TunerError(f"model {self.name!r}: activation_func_clamp_value (HF swiglu_limit) must be >= 0 (0: no "
                              f"clamp), got {self.activation_func_clamp_value!r}")
-        if self.window_attn_skip_freq and (
-            len(self.window_attn_skip_freq) != self.num_layers
-            or any(x not in (0, 1) for x in self.window_attn_skip_freq)
-        ):
+        if self.window_attn_skip_freq and (len(self.window_attn_skip_freq) != self.num_layers
+                                           or any(x not in (0, 1) for x in self.window_attn_skip_freq)):
             bad = [x for x in self.window_attn_skip_freq if x not in (0, 1)]
             raise TunerError(
                 f"model {self.name!r}: window_attn_skip_freq needs {self.num_layers} entries, each 0 (sliding window) "
                 f"or 1 (full attention); got {len(self.window_attn_skip_freq)}"
-                + (f" with {bad[0]!r} among them" if bad else "")
-            )
+                + (f" with {bad[0]!r} among them" if bad else ""))
         if len(self.moe_layer_freq) != self.num_layers:
             raise TunerError(
-                f"model {self.name!r}: moe_layer_freq has {len(self.moe_layer_freq)} entries, needs {self.num_layers}"
-            )
+                f"model {self.name!r}: moe_layer_freq has {len(self.moe_layer_freq)} entries, needs {self.num_layers}")
 
-    # ---- derived --------------------------------------------------------------
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
@@ -240,8 +228,7 @@ class ModelSpec:
         """Mean keys a query attends to under a causal mask, optionally limited to ``window_size``.
 
         Causal full attention: ``(s + 1) / 2``; with a left window ``w`` a query at position ``i`` (1-based) sees
-        ``min(i, w + 1)`` keys (itself and ``w`` before it, Megatron / flash-attention ``window_size=(w, 0)``).
-        """
+        ``min(i, w + 1)`` keys (itself and ``w`` before it, Megatron / flash-attention ``window_size=(w, 0)``)."""
         s = float(seq_length)
         if not windowed or not self.window_size or self.window_size + 1 >= s:
             return (s + 1) / 2
@@ -261,13 +248,11 @@ class ModelSpec:
         """Weight matrices per MLP: 3 for gated (SwiGLU), 2 otherwise."""
         return 3 if self.gated_linear_unit else 2
 
-    # ---- per-layer parameter counts (elements) -------------------------------
     def attention_params(self) -> int:
         """Matmul weights of one attention block (QKV and output projections).
 
         Non-MLA: ``h*d*(n + 2g) + n*d*h`` (Megatron ``theoretical_memory_usage.py``).
-        MLA: DeepSeek-V3's down/up projections (same file, MLA branch), without norms.
-        """
+        MLA: DeepSeek-V3's down/up projections (same file, MLA branch), without norms."""
         h, n, g, d = self.hidden_size, self.num_attention_heads, self.num_query_groups, self.kv_channels
         if not self.is_mla:
             return h * d * (n + 2 * g) + n * d * h
@@ -367,14 +352,12 @@ def _yarn_details(rs: dict[str, Any], cfg: dict[str, Any], where: str) -> dict[s
     ``max_position_embeddings``), ``beta_fast`` (32) and ``beta_slow`` (1) when absent or null, ``truncate`` (true).
 
     Raises TunerError: a value of the wrong type (``truncate`` is checked by :class:`ModelSpec`)."""
-    return {
-        "rope_scaling_original_max_position_embeddings": _as_int(
-            _first(rs, "original_max_position_embeddings", default=cfg.get("max_position_embeddings") or 0),
-            "rope_scaling.original_max_position_embeddings", where),
-        "rope_scaling_beta_fast": _as_float(_first(rs, "beta_fast", default=32.0), "rope_scaling.beta_fast", where),
-        "rope_scaling_beta_slow": _as_float(_first(rs, "beta_slow", default=1.0), "rope_scaling.beta_slow", where),
-        "rope_scaling_truncate": _first(rs, "truncate", default=True),
-    }
+    return {"rope_scaling_original_max_position_embeddings": _as_int(
+                _first(rs, "original_max_position_embeddings", default=cfg.get("max_position_embeddings") or 0),
+                "rope_scaling.original_max_position_embeddings", where),
+            "rope_scaling_beta_fast": _as_float(_first(rs, "beta_fast", default=32.0), "rope_scaling.beta_fast", where),
+            "rope_scaling_beta_slow": _as_float(_first(rs, "beta_slow", default=1.0), "rope_scaling.beta_slow", where),
+            "rope_scaling_truncate": _first(rs, "truncate", default=True)}
 
 
 def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
@@ -412,9 +395,7 @@ def _unwrap(cfg: dict[str, Any], w: str) -> tuple[dict[str, Any], dict[str, Any]
 _REQUIRED = {
     "hidden_size": ("hidden_size", "n_embd", "d_model"),
     "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "num_attention_heads": ("num_attention_heads", "n_head"),
-    "vocab_size": ("vocab_size",),
-}
+    "num_attention_heads": ("num_attention_heads", "n_head"), "vocab_size": ("vocab_size",)}
 
 
 def _sizes(cfg: dict[str, Any], w: str) -> tuple[dict[str, int], int, Any, Any]:
@@ -434,11 +415,9 @@ def _sizes(cfg: dict[str, Any], w: str) -> tuple[dict[str, int], int, Any, Any]:
     if num_experts and _first(cfg, "num_experts_per_tok", "moe_topk", "top_k") is None:
         missing.append("num_experts_per_tok")
     if missing:
-        raise TunerError(
-            f"model config {w!r} is missing {', '.join(missing)}; a Hugging Face config.json with "
-            "hidden_size, num_hidden_layers, num_attention_heads, vocab_size and intermediate_size "
-            "(plus num_local_experts/num_experts_per_tok for MoE) is accepted"
-        )
+        raise TunerError(f"model config {w!r} is missing {', '.join(missing)}; a Hugging Face config.json with "
+                         "hidden_size, num_hidden_layers, num_attention_heads, vocab_size and intermediate_size "
+                         "(plus num_local_experts/num_experts_per_tok for MoE) is accepted")
     for k, v in vals.items():
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise TunerError(f"model config {w!r}: {k} must be a positive integer, got {v!r}")
@@ -527,8 +506,7 @@ def _numerics(cfg: dict[str, Any], d: int, num_experts: int, w: str) -> dict[str
         norm_epsilon=_as_float(_first(cfg, "rms_norm_eps", "layer_norm_eps", "norm_epsilon", default=1e-5),
                                "rms_norm_eps", w),
         rotary_base=_as_float(_first(cfg, "rope_theta", "rotary_base", default=10000.0), "rope_theta", w),
-        rotary_percent=float(partial if partial is not None else 1.0),
-        rope_scaling_type=rs_type,
+        rotary_percent=float(partial if partial is not None else 1.0), rope_scaling_type=rs_type,
         rope_scaling_factor=_as_float(_first(rs, "factor", default=1.0), "rope_scaling.factor", w),
         rope_scaling_mscale=_as_float(_first(rs, "mscale", default=1.0), "rope_scaling.mscale", w),
         rope_scaling_mscale_all_dim=_as_float(_first(rs, "mscale_all_dim", default=0.0), "rope_scaling.mscale_all_dim",
@@ -538,8 +516,7 @@ def _numerics(cfg: dict[str, Any], d: int, num_experts: int, w: str) -> dict[str
         moe_router_enable_expert_bias=bool(cfg.get("use_routing_bias")) or topk_method == "noaux_tc",
         moe_router_topk_scaling_factor=float(cfg.get("routed_scaling_factor") or 0.0) if num_experts else 0.0,
         moe_router_num_groups=n_group if grouped else 0,
-        moe_router_group_topk=_as_int(cfg.get("topk_group") or 0, "topk_group", w) if grouped else 0,
-    )
+        moe_router_group_topk=_as_int(cfg.get("topk_group") or 0, "topk_group", w) if grouped else 0)
 
 
 def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") -> ModelSpec:
@@ -560,8 +537,7 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         "kv_lora_rank": _as_int(cfg.get("kv_lora_rank") or 0, "kv_lora_rank", w),
         "qk_head_dim": _as_int(cfg.get("qk_nope_head_dim") or 0, "qk_nope_head_dim", w),
         "qk_pos_emb_head_dim": _as_int(cfg.get("qk_rope_head_dim") or 0, "qk_rope_head_dim", w),
-        "v_head_dim": _as_int(cfg.get("v_head_dim") or 0, "v_head_dim", w),
-    }
+        "v_head_dim": _as_int(cfg.get("v_head_dim") or 0, "v_head_dim", w)}
     if mla["kv_lora_rank"]:
         d = mla["qk_head_dim"] + mla["qk_pos_emb_head_dim"]
         # MLA always normalises its q and kv latents (Megatron: --qk-layernorm with --multi-latent-attention).
@@ -580,16 +556,11 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
     window, skip = _windows(cfg, L, w)
     moe_only = num_experts and moe_inter == inter and "moe_intermediate_size" not in cfg  # no dense FFN
     spec = dict(
-        name=name,
-        num_layers=L,
-        hidden_size=h,
-        num_attention_heads=n,
+        name=name, num_layers=L, hidden_size=h, num_attention_heads=n,
         num_query_groups=_as_int(_first(cfg, "num_key_value_heads", "num_query_groups", default=n),
                                  "num_key_value_heads", w),
-        kv_channels=d,
-        ffn_hidden_size=0 if moe_only else _as_int(inter or 0, "intermediate_size", w),
-        vocab_size=vals["vocab_size"],
-        num_experts=num_experts,
+        kv_channels=d, ffn_hidden_size=0 if moe_only else _as_int(inter or 0, "intermediate_size", w),
+        vocab_size=vals["vocab_size"], num_experts=num_experts,
         moe_router_topk=_as_int(_first(cfg, "num_experts_per_tok", "moe_topk", "top_k", default=0) or 0,
                                 "num_experts_per_tok", w),
         moe_ffn_hidden_size=_as_int(moe_inter or 0, "moe_intermediate_size", w) if num_experts else 0,
@@ -600,16 +571,10 @@ def _model_from_hf_config(cfg: dict[str, Any], *, name: str, where: str = "") ->
         untie_embeddings_and_output_weights=not bool(cfg.get("tie_word_embeddings", False)),
         qk_layernorm=bool(_first(cfg, "use_qk_norm", "qk_layernorm",
                                  default=str(cfg.get("model_type", "")).startswith("qwen3"))),
-        qk_layernorm_full_dim=str(cfg.get("qk_norm_type", "")) == "per_layer",
-        mtp_num_layers=mtp,
+        qk_layernorm_full_dim=str(cfg.get("qk_norm_type", "")) == "per_layer", mtp_num_layers=mtp,
         max_position_embeddings=_as_int(cfg.get("max_position_embeddings") or 0, "max_position_embeddings", w),
-        window_size=window,
-        window_attn_skip_freq=skip,
-        **gpt_oss,
-        source=str(cfg.get("_source", "")),
-        **mla,
-        **_numerics(cfg, d, num_experts, w),
-    )
+        window_size=window, window_attn_skip_freq=skip, **gpt_oss, source=str(cfg.get("_source", "")), **mla,
+        **_numerics(cfg, d, num_experts, w))
     unknown = set(over) - {f.name for f in dataclasses.fields(ModelSpec)}
     if unknown:
         raise TunerError(f"model config {w!r}: unknown keys in its 'tuner' section: {sorted(unknown)}")
@@ -633,8 +598,7 @@ def load_model(name_or_path: str, *, allow_config_args: bool = False) -> ModelSp
     ``allow_config_args`` (``--allow-config-args``); the bundled presets' are the project's own.
 
     Raises TunerError: unknown name (with close names suggested), unreadable or malformed file
-    (:func:`specs.files.load_user_json`), missing fields, or launch arguments not allowed.
-    """
+    (:func:`specs.files.load_user_json`), missing fields, or launch arguments not allowed."""
     p = Path(name_or_path)
     if p.is_dir() and (p / "config.json").is_file():  # a Hugging Face model folder
         p = p / "config.json"
@@ -661,10 +625,8 @@ def load_model(name_or_path: str, *, allow_config_args: bool = False) -> ModelSp
     if key is None:
         close = difflib.get_close_matches(name_or_path.lower(), list(by_lower), n=3, cutoff=0.4)
         hint = f" Did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
-        raise TunerError(
-            f"--model {name_or_path!r}: unknown model.{hint} Known presets: {', '.join(sorted(files))}; "
-            "or give the path of a Hugging Face config.json."
-        )
+        raise TunerError(f"--model {name_or_path!r}: unknown model.{hint} Known presets: {', '.join(sorted(files))}; "
+                         "or give the path of a Hugging Face config.json.")
     cfg = json.loads(files[key].read_text())
     return model_from_hf_config(cfg, name=key)
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["TORCH_DTYPES", "Precision"]
-
 #: Megatron-LM's dtype names (``--exp-avg-dtype``, ``--main-grads-dtype``, ...) as ``torch`` names them: the
 #: ``torch.<name>`` targets of a saved Megatron-Bridge config, and Bridge's ``str_to_dtype`` keys.
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "uint8": "uint8", "fp8": "float8_e4m3fn"}
@@ -17,8 +15,7 @@ class Precision(str, Enum):
     ``fp8`` is Transformer Engine's per-tensor scaling (delayed or current scaling, Megatron ``--fp8-recipe
     delayed|tensorwise``); ``fp8_blockwise`` is DeepSeek-style 128x128 weight / 1x128 activation blocks (``--fp8-recipe
     blockwise``, Hopper); ``mxfp8`` is the OCP MX format with one E8M0 scale per 32 elements (``--fp8-recipe mxfp8``,
-    Blackwell); ``nvfp4`` is NVIDIA's FP4 with one FP8 scale per 16 elements (``--fp4-format e2m1``, Blackwell).
-    """
+    Blackwell); ``nvfp4`` is NVIDIA's FP4 with one FP8 scale per 16 elements (``--fp4-format e2m1``, Blackwell)."""
 
     bf16 = "bf16"
     fp8 = "fp8"
@@ -36,15 +33,10 @@ class Precision(str, Enum):
         Sources (Transformer Engine ``Float8Tensor`` / ``MXFP8Tensor`` / ``NVFP4Tensor``): per-tensor and blockwise fp8
         keep one fp8 copy (1 B; the transpose is made on the fly on Hopper, block scales add 4 B per 128x128 block,
         negligible); MX formats need both a row-wise and a column-wise quantised copy (their scales run along one axis),
-        so mxfp8 keeps 2 x (1 + 1/32) B and nvfp4 2 x (0.5 + 1/16) B. bf16: 0.
-        """
+        so mxfp8 keeps 2 x (1 + 1/32) B and nvfp4 2 x (0.5 + 1/16) B. bf16: 0."""
         return {
-            Precision.bf16: 0.0,
-            Precision.fp8: 1.0,
-            Precision.fp8_blockwise: 1.0,
-            Precision.mxfp8: 2.0 * (1.0 + 1.0 / 32),
-            Precision.nvfp4: 2.0 * (0.5 + 1.0 / 16),
-        }[self]
+            Precision.bf16: 0.0, Precision.fp8: 1.0, Precision.fp8_blockwise: 1.0,
+            Precision.mxfp8: 2.0 * (1.0 + 1.0 / 32), Precision.nvfp4: 2.0 * (0.5 + 1.0 / 16)}[self]
 
     @property
     def saved_gemm_input_bytes(self) -> float:
@@ -54,9 +46,5 @@ class Precision(str, Enum):
         ``MXFP8Tensor`` / ``NVFP4Tensor``; not measured), bf16 2. fp8 measured on 1 x H200
         (``benchmarks/results/h200_te_2026-12-01/call12/census.jsonl``, ``mm-fp8-delayed``)."""
         return {
-            Precision.bf16: 2.0,
-            Precision.fp8: 1.0,
-            Precision.fp8_blockwise: 1.0,
-            Precision.mxfp8: 1.0 + 1.0 / 32,
-            Precision.nvfp4: 0.5 + 1.0 / 16,
-        }[self]
+            Precision.bf16: 2.0, Precision.fp8: 1.0, Precision.fp8_blockwise: 1.0, Precision.mxfp8: 1.0 + 1.0 / 32,
+            Precision.nvfp4: 0.5 + 1.0 / 16}[self]

@@ -5,24 +5,17 @@ read from at a commit) is the :class:`RunOptions` a stack sets when the user say
 the default), ``megatron-lm`` (``megatron`` is its alias), ``megatron-bridge`` (its performance recipes) and
 ``nemo-rl`` (its Megatron trainer). :class:`RunFlags` are the run options as Megatron-LM's arguments name them, each
 None when not given; :func:`resolve_run_options` lays them over a preset, refuses contradictions and says which
-flags changed the preset (:attr:`StackRun.line`). Every command that estimates and the ``--from`` reader use it.
-"""
+flags changed the preset (:attr:`StackRun.line`). Every command that estimates and the ``--from`` reader use it."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from specs._data import data_files, read_user_yaml
 from specs.errors import TunerError
 from specs.workload import CROSS_ENTROPY_IMPLS, CUDA_GRAPH_IMPLS, CUDA_GRAPH_SCOPES, FP8_RECIPES, OPTIMIZERS, RunOptions
-
-__all__ = [
-    "CUDA_GRAPH_IMPLS", "DEFAULT_STACK", "STACK_ALIASES", "RUN_FLAG_NAMES", "RunFlags", "StackPreset", "StackRun",
-    "list_stacks", "load_stack", "resolve_run_options", "run_option_args",
-]
 
 STACK_DIR = "data/stacks"
 #: The stack every command assumes unless ``--stack`` says otherwise: the seed's.
@@ -58,22 +51,12 @@ def list_stacks() -> list[str]:
 def load_stack(name: str) -> StackPreset:
     """The bundled preset ``name`` (case-insensitive; ``megatron`` is ``megatron-lm``).
 
-    Raises TunerError: an unknown name (the accepted ones listed), or a preset file that does not hold a stack."""
+    Raises TunerError: an unknown name (the accepted ones listed)."""
     key = STACK_ALIASES.get(str(name).strip().lower(), str(name).strip().lower())
     files = data_files(STACK_DIR, ".yaml")
     if key not in files:
         raise TunerError(f"--stack {str(name)[:40]!r}: accepted {', '.join(list_stacks())} (megatron = megatron-lm)")
-    label = f"stack preset {key}.yaml"
-    d = read_user_yaml(files[key].read_text(encoding="utf-8"), label)
-    fields = {f.name for f in dataclasses.fields(RunOptions)}
-    if not isinstance(d, Mapping) or not isinstance(d.get("run_options"),
-                                                    Mapping) or d.get("framework") not in ("slime", "megatron"):
-        raise TunerError(f"{label}: expected name, description, framework (slime or megatron), run_options and sources")
-    unknown = [k for k in d["run_options"] if k not in fields]
-    if unknown:
-        raise TunerError(f"{label}: run_options {unknown[0]!r} is not a run option; accepted: "
-                         f"{', '.join(sorted(fields))}")
-    RunOptions(**d["run_options"])  # the values are checked as a command line's are
+    d = read_user_yaml(files[key].read_text(encoding="utf-8"), f"stack preset {key}.yaml")
     sources = tuple(f"{s['repo']}@{str(s['commit'])[:8]} {s['path']} l.{s['lines']}: "
                     f"{' '.join(str(s['reads']).split())}"
                     for s in d.get("sources") or ())
@@ -87,8 +70,7 @@ def load_stack(name: str) -> StackPreset:
 class RunFlags:
     """The run options of a command line as Megatron-LM's arguments name them; None = not given (the preset's).
 
-    Each field is the argparse ``dest`` of the Megatron-LM argument in :data:`RUN_FLAG_NAMES`.
-    """
+    Each field is the argparse ``dest`` of the Megatron-LM argument in :data:`RUN_FLAG_NAMES`."""
 
     accumulate_allreduce_grads_in_fp32: bool | None = None
     grad_reduce_in_bf16: bool | None = None
@@ -118,28 +100,8 @@ class RunFlags:
 
 #: The Megatron-LM spelling of each :class:`RunFlags` field (for a bool: the spelling that turns it on; ``no_`` the
 #: off).
-RUN_FLAG_NAMES: dict[str, str] = {
-    "accumulate_allreduce_grads_in_fp32": "--accumulate-allreduce-grads-in-fp32",
-    "grad_reduce_in_bf16": "--grad-reduce-in-bf16",
-    "cross_entropy_loss_fusion": "--cross-entropy-loss-fusion",
-    "cross_entropy_fusion_impl": "--cross-entropy-fusion-impl",
-    "cuda_graph_impl": "--cuda-graph-impl",
-    "cuda_graph_scope": "--cuda-graph-scope",
-    "moe_permute_fusion": "--moe-permute-fusion",
-    "fp8_recipe": "--fp8-recipe",
-    "fp8_param_gather": "--fp8-param-gather",
-    "overlap_grad_reduce": "--overlap-grad-reduce",
-    "overlap_moe_expert_parallel_comm": "--overlap-moe-expert-parallel-comm",
-    "tp_comm_overlap": "--tp-comm-overlap",
-    "moe_router_force_load_balancing": "--moe-router-force-load-balancing",
-    "cp_comm_type": "--cp-comm-type",
-    "use_megatron_fsdp": "--use-megatron-fsdp",
-    "apply_rope_fusion": "--rope-fusion",
-    "bias_swiglu_fusion": "--bias-swiglu-fusion",
-    "transformer_impl": "--transformer-impl",
-    "cpu_offloading_num_layers": "--cpu-offloading-num-layers",
-    "optimizer": "--optimizer",
-}
+RUN_FLAG_NAMES: dict[str, str] = {**{f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(RunFlags)},
+                                  "apply_rope_fusion": "--rope-fusion"}
 
 
 def _spell(name: str, value: Any) -> str:
@@ -286,8 +248,7 @@ def run_option_args(options: RunOptions, *, precision: str = "bf16", skip: tuple
     """Megatron-LM arguments for the run options that differ from Megatron-LM's defaults (:data:`RUN_FLAG_NAMES`'
     spellings), for the exported commands; ``skip``: arguments the command writes already (a model's own, e.g.
     ``--moe-permute-fusion`` in MiniMax-M2's ``MODEL_ARGS``). ``--accumulate-allreduce-grads-in-fp32`` / bf16 reduction
-    is left to the caller (it belongs with the numerics flags).
-    """
+    is left to the caller (it belongs with the numerics flags)."""
     d = RunOptions()
     a: list[str] = []
     if options.cross_entropy_loss_fusion:

@@ -1,8 +1,7 @@
 """What a study's folder (``results/<study>/``) holds, and the check that keeps an output from writing over it.
 
 ``tune`` and ``tune rl`` write their outputs (``--out``, ``--export``, ``--csv``, ...) through
-:func:`check_output_path` first, so that no output overwrites a study's database, journal or record.
-"""
+:func:`check_output_path` first, so that no output overwrites a study's database, journal or record."""
 
 from __future__ import annotations
 
@@ -10,9 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from specs.errors import TunerError
-
-__all__ = ["RECORD_ERRORS", "STUDY_OUTPUT_FILES", "STUDY_OWN_FILES", "check_output_path", "is_study_folder",
-           "read_study_record"]
 
 #: The files a study's folder keeps for itself (``results/<study>/``): an output written over one loses the study.
 #: SQLite's own side files of ``study.db`` (``study.db-wal``, ``-shm``, ``-journal``) count too (:func:`_own_name`).
@@ -36,8 +32,7 @@ def read_study_record(path: Path) -> Any:
     """The parsed ``config.yaml`` of a study folder (any YAML value; the caller checks its shape).
 
     Raises the errors of :data:`RECORD_ERRORS` and ``yaml.YAMLError``: unreadable, not text, not YAML, nested too
-    deeply.
-    """
+    deeply."""
     import yaml
 
     from specs.files import parse_errors, read_user_text

@@ -13,8 +13,6 @@ from typing import Any, TypeVar
 
 from specs.errors import TunerError
 
-__all__ = ["BadCell", "Column", "read_table"]
-
 T = TypeVar("T")
 
 

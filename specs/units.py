@@ -1,11 +1,8 @@
 """Units and element sizes used by every package (SI inside the code; GiB only when printing).
 
-Sources: IEC 80000-13 (GiB = 2**30 bytes); IEEE 754 / bfloat16 element sizes.
-"""
+Sources: IEC 80000-13 (GiB = 2**30 bytes); IEEE 754 / bfloat16 element sizes."""
 
 from __future__ import annotations
-
-__all__ = ["BF16_BYTES", "DEFAULT_MEMORY_HEADROOM", "FP32_BYTES", "FP8_BYTES", "GIB", "MIB"]
 
 #: Bytes in one gibibyte (what ``nvidia-smi`` and PyTorch's memory stats call GiB / "GB").
 GIB = 2**30

@@ -1,16 +1,13 @@
 """Megatron-core releases the validity rules know (``--megatron-core``), read in ``docs/megatron_versions.md``.
 
 A version is kept as ``(major, minor)``; patch levels and release-candidate suffixes do not change a rule the
-tuner checks (``0.16.0rc0``, slime's pin, is 0.16).
-"""
+tuner checks (``0.16.0rc0``, slime's pin, is 0.16)."""
 
 from __future__ import annotations
 
 import re
 
 from specs.errors import TunerError
-
-__all__ = ["KNOWN_MEGATRON_CORE", "NEWEST_MEGATRON_CORE", "megatron_core_version"]
 
 #: Releases whose layout rules were read (NVIDIA/Megatron-LM tags core_v0.13.0 .. core_v0.19.0;
 #: docs/megatron_versions.md).

@@ -10,20 +10,6 @@ from specs.errors import TunerError
 from specs.precision import Precision
 from specs.versions import NEWEST_MEGATRON_CORE, megatron_core_version
 
-__all__ = [
-    "CROSS_ENTROPY_IMPLS",
-    "LORA_TARGET_MODULES",
-    "TASKS",
-    "CUDA_GRAPH_MOE_SCOPES",
-    "DEFAULT_RUN_OPTIONS",
-    "FP8_RECIPES",
-    "HARNESS_RUN_OPTIONS",
-    "HARNESS_TE_RUN_OPTIONS",
-    "OPTIMIZERS",
-    "RunOptions",
-    "Workload",
-]
-
 #: ``--fp8-recipe`` values of the per-tensor ``fp8`` precision (Megatron-core ``TransformerConfig.fp8_recipe``;
 #: ``blockwise`` and ``mxfp8`` are their own :class:`Precision` members).
 FP8_RECIPES = ("delayed", "tensorwise")
@@ -140,7 +126,6 @@ class RunOptions:
     norm only in MoE layers. False for a stack without TE (the trial harness, :data:`HARNESS_RUN_OPTIONS`):
     ``scaled_dot_product_attention``'s output is copied before the projection, so two copies are saved."""
 
-    # ---- memory-relevant flags of production stacks ---------------------------------------
     grad_reduce_in_fp32: bool = True
     """``grad_reduce_in_fp32`` (DistributedDataParallelConfig): main gradients and their reduction in fp32 (4 B per
     parameter); False: in the parameter dtype, bf16 (2 B) (distributed_data_parallel.py l.147 at core_v0.16.0). Every

@@ -12,14 +12,6 @@ __all__ = ["TERM_MODULES"]
 
 #: The modules whose public functions are terms (``benchmarks/mutate_terms.py`` perturbs each).
 TERM_MODULES = (
-    "cost_model.terms.params",
-    "cost_model.terms.state",
-    "cost_model.terms.activations",
-    "cost_model.terms.memory",
-    "cost_model.terms.schedule",
-    "cost_model.terms.compute",
-    "cost_model.terms.comm",
-    "cost_model.terms.recompute",
-    "cost_model.terms.optimizer",
-    "cost_model.terms.lora",
-)
+    "cost_model.terms.params", "cost_model.terms.state", "cost_model.terms.activations", "cost_model.terms.memory",
+    "cost_model.terms.schedule", "cost_model.terms.compute", "cost_model.terms.comm", "cost_model.terms.recompute",
+    "cost_model.terms.optimizer", "cost_model.terms.lora")

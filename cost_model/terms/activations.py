@@ -14,32 +14,6 @@ import numpy as np
 from cost_model.terms.context import Array, TableContext, col
 from specs.units import BF16_BYTES, FP32_BYTES
 
-__all__ = [
-    "attention_bytes",
-    "core_attention_bytes",
-    "dense_block_bytes",
-    "dense_mlp_bytes",
-    "expert_activation_fn_bytes",
-    "expert_activation_internals",
-    "expert_bytes",
-    "input_norm_separate",
-    "kept_bytes",
-    "layer_input_bytes",
-    "moe_block_bytes",
-    "norm_bytes",
-    "pre_mlp_norm_separate",
-    "qk_norm_bytes",
-    "rank_activation_bytes",
-    "recomputed_fraction",
-    "router_bytes",
-    "routed_token_copies",
-    "saved_attention_bytes",
-    "saved_dense_bytes",
-    "saved_moe_bytes",
-    "shared_expert_bytes",
-    "stored_layer_bytes",
-]
-
 #: Hidden-size bf16 tensors the attention block keeps besides Q, K, V and its output **without** Transformer Engine
 #: (megatron-core's local spec), in units of h per token: the norm's input, its output and one more (Korthikanti's
 #: inventory has two; three predicted the no-TE H200 trials within 4.6%, docs/measurements.md).
@@ -248,9 +222,6 @@ def dense_block_bytes(c: TableContext) -> Array:
     return norm_bytes(c) + g / BF16_BYTES * layer_input_bytes(c) + dense_mlp_bytes(c)
 
 
-# --------------------------------------------------------------------------- selective recompute
-
-
 def saved_attention_bytes(c: TableContext) -> Array:
     """Bytes selective recompute frees in the attention side of every layer: :func:`core_attention_bytes` with
     ``core_attn``; the input norm's output with ``layernorm`` where the norm is a module of its own
@@ -258,11 +229,9 @@ def saved_attention_bytes(c: TableContext) -> Array:
     megatron-core multi_latent_attention.py ``recompute_up_proj``)."""
     norm = norm_bytes(c) if input_norm_separate(c) else np.zeros_like(c.tokens)
     up = BF16_BYTES * c.tokens * c.dims.expanded_qkv_dim / col(c.tp)
-    return (
-        np.where(c.recomputes("core_attn"), core_attention_bytes(c), 0)
-        + np.where(c.recomputes("layernorm"), norm, 0)
-        + np.where(c.recomputes("mla_up_proj"), up, 0)
-    )
+    return (np.where(c.recomputes("core_attn"), core_attention_bytes(c), 0)
+            + np.where(c.recomputes("layernorm"), norm, 0)
+            + np.where(c.recomputes("mla_up_proj"), up, 0))
 
 
 def saved_moe_bytes(c: TableContext, moe_block: Array, copies: Array) -> Array:
@@ -300,9 +269,6 @@ def kept_bytes(full_layer: Array, saved_attention: Array, saved_mlp: Array) -> A
     :func:`saved_attention_bytes`, ``(n, 1)``; saved_mlp: :func:`saved_moe_bytes` or :func:`saved_dense_bytes`, ``(n,
     1)``."""
     return full_layer - saved_attention - saved_mlp
-
-
-# --------------------------------------------------------------------------- full recompute
 
 
 def recomputed_fraction(c: TableContext) -> Array:

@@ -5,8 +5,7 @@ Rank placement follows Megatron's default order ``tp-cp-ep-dp-pp`` (experts ``et
 ``span <= nvlink_size``. Ring collectives move ``(g - 1) / g`` of the tensor per GPU (NCCL's
 all-gather / reduce-scatter bus-bandwidth formula, nccl-tests PERFORMANCE.md). Bandwidths are the
 datasheet's times :class:`cost_model.calibration.Calibration` efficiencies; times are seconds per
-layer per micro-batch (``(n, 1)``) unless stated.
-"""
+layer per micro-batch (``(n, 1)``) unless stated."""
 
 from __future__ import annotations
 
@@ -16,34 +15,6 @@ from cost_model.terms import state
 from cost_model.terms.context import Array, BoolArray, TableContext, col
 from specs import ModelSpec
 from specs.units import BF16_BYTES, FP32_BYTES
-
-__all__ = [
-    "cp_all_to_all_time",
-    "cp_comm_time",
-    "cp_ring_time",
-    "collective_bandwidth",
-    "distinct_groups_hit",
-    "holders_hit",
-    "dp_bytes_per_param",
-    "dp_comm_time",
-    "ep_all_to_all_time",
-    "ep_forward_time",
-    "ep_layer_time",
-    "ep_local_peers",
-    "ep_remote_fraction",
-    "ep_send_bytes",
-    "flex_dispatch_time",
-    "fp8_quantize_cost",
-    "moe_fixed_cost_backward",
-    "moe_fixed_cost_forward",
-    "ring_bandwidth",
-    "ring_time",
-    "span_crosses_node",
-    "tp_attention_comm",
-    "tp_collective_time",
-    "tp_dense_mlp_comm",
-    "tp_moe_comm",
-]
 
 #: Sequence-parallel collectives around each TP-split block (attention, dense MLP, shared experts)
 #: per micro-batch: an all-gather before and a reduce-scatter after it in forward, and the two
@@ -74,9 +45,6 @@ DISTOPT_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES
 #: Megatron FSDP bytes per parameter per micro-batch: bf16 parameters all-gathered for forward
 #: and again for backward, fp32 gradients reduce-scattered.
 FSDP_BYTES_PER_PARAM = 2 * BF16_BYTES + FP32_BYTES
-
-
-# --------------------------------------------------------------------------- helpers
 
 
 def span_crosses_node(span: Array, nvlink_size: int) -> BoolArray:
@@ -154,9 +122,6 @@ def holders_hit(model: ModelSpec, holders: Array) -> Array:
     return np.where(h >= g, spans, within)
 
 
-# --------------------------------------------------------------------------- tensor parallel
-
-
 def tp_collective_time(c: TableContext) -> Array:
     """One sequence-parallel all-gather (or reduce-scatter) of a layer's bf16 activation,
     ``2 x tokens x h``, over the TP group."""
@@ -193,9 +158,6 @@ def tp_moe_comm(c: TableContext, collective: Array, copies: Array) -> Array:
     return (shared + experts) * _tp_kept(c)
 
 
-# --------------------------------------------------------------------------- context parallel
-
-
 def _cp_bandwidth(c: TableContext) -> Array:
     """CP peers are ``tp`` ranks apart: the group spans ``tp x cp`` ranks."""
     return collective_bandwidth(c, col(span_crosses_node(c.tp * c.cp, c.nvlink_size)))
@@ -229,9 +191,6 @@ def cp_comm_time(c: TableContext) -> Array:
     if c.options.cp_comm_type == "a2a":
         return cp_all_to_all_time(c)
     return cp_ring_time(c)
-
-
-# --------------------------------------------------------------------------- expert parallel
 
 
 def ep_local_peers(c: TableContext) -> Array:
@@ -384,9 +343,6 @@ def ep_layer_time(c: TableContext, a2a: Array) -> Array:
         return np.zeros_like(c.tokens)
     one_pass = np.where(col(c.ep) > 1, EP_A2A_PER_PASS * a2a, 0.0)
     return 2 * one_pass + moe_fixed_cost_forward(c) + moe_fixed_cost_backward(c)
-
-
-# --------------------------------------------------------------------------- data parallel
 
 
 def dp_bytes_per_param(c: TableContext) -> Array:

@@ -4,8 +4,7 @@ FLOPs follow Megatron's ``num_floating_point_operations`` (``megatron/training/t
 shared/notes/megatron_rules.md §6.3): 2 FLOPs per multiply-accumulate, backward = 2 x forward for every GEMM (dgrad +
 wgrad; Narayanan et al. 2021, arXiv 2104.04473 §5.1), so a layer's forward + backward is :data:`GEMM_PASSES` x its
 forward. Efficiencies and HBM bytes are :class:`cost_model.calibration.Calibration` fields. FLOPs are per GPU (split by
-TP / ETP), times in seconds; shapes ``(n, 1)`` unless stated.
-"""
+TP / ETP), times in seconds; shapes ``(n, 1)`` unless stated."""
 
 from __future__ import annotations
 
@@ -14,37 +13,6 @@ import numpy as np
 from cost_model.calibration import Calibration
 from cost_model.terms import lora
 from cost_model.terms.context import Array, TableContext, col
-
-__all__ = [
-    "attention_compute_time",
-    "attention_elementwise_time",
-    "attention_linear_flops",
-    "attention_linear_time",
-    "attention_forward_time",
-    "attention_head_dim_factor",
-    "head_dim_factor",
-    "core_attention_flops",
-    "core_attention_time",
-    "core_attention_work",
-    "dense_compute_time",
-    "dense_mlp_flops",
-    "dense_mlp_time",
-    "expert_flops",
-    "expert_time",
-    "gemm_efficiency",
-    "grouped_gemm_efficiency",
-    "logits_flops",
-    "logits_time",
-    "loss_time",
-    "moe_compute_time",
-    "mla_up_projection_time",
-    "mla_unfused_rope_time",
-    "moe_elementwise_time",
-    "router_flops",
-    "router_time",
-    "shared_expert_flops",
-    "shared_expert_time",
-]
 
 #: FLOPs per multiply-accumulate.
 FLOPS_PER_MAC = 2.0
@@ -205,14 +173,10 @@ def attention_head_dim_factor(c: TableContext) -> float:
 def head_dim_factor(pair: tuple[int, int], table: dict[tuple[int, int], float]) -> float:
     """``table[pair]``, or interpolated linearly in ``qk + v`` between the table's pairs (held at the nearer end
     outside them; MLA's (192, 128) is the point at 320, so its neighbours run on from it); also what
-    ``benchmarks/h200_attention.py --compare`` predicts with.
-
-    Raises ValueError: ``table`` is empty, or two of its pairs have the same ``qk + v``."""
+    ``benchmarks/h200_attention.py --compare`` predicts with."""
     if pair in table:
         return table[pair]
     points = sorted((qk + v, f) for (qk, v), f in table.items())
-    if not points or len({d for d, _ in points}) < len(points):
-        raise ValueError("head_dim_factor: the table must hold pairs of distinct qk + v to interpolate between")
     return float(np.interp(sum(pair), [d for d, _ in points], [f for _, f in points]))
 
 

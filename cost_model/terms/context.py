@@ -22,8 +22,6 @@ from specs.layout import RECOMPUTE_MODULES, Dispatcher, LayoutTable, RecomputeGr
 from specs.network import intra_domain_efficiency
 from specs.units import BF16_BYTES, FP32_BYTES
 
-__all__ = ["Array", "BoolArray", "ModelDims", "TableContext", "build_context", "col"]
-
 Array = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
@@ -44,8 +42,7 @@ class ModelDims:
     """A model's dimensions and per-layer parameter counts, as floats (the terms' notation).
 
     Names follow Korthikanti et al. 2022 where they have one (h, a) and Megatron's
-    ``TransformerConfig`` otherwise; counts are elements (:class:`specs.ModelSpec`).
-    """
+    ``TransformerConfig`` otherwise; counts are elements (:class:`specs.ModelSpec`)."""
 
     h: float
     """``hidden_size``."""
@@ -131,47 +128,27 @@ class ModelDims:
             q_dim, kv_dim, ctx_dim = nh * d, 2 * float(model.num_query_groups) * d, nh * d
             saved_kv, latent, expanded, up = kv_dim, 0.0, 0.0, 0.0
         return cls(
-            h=h,
-            heads=nh,
-            vocab=float(model.vocab_size),
-            experts=float(max(model.num_experts, 1)),
-            topk=float(model.moe_router_topk),
-            moe_ffn=float(model.moe_ffn_hidden_size),
-            shared_ffn=float(model.moe_shared_expert_intermediate_size),
-            ffn=float(model.ffn_hidden_size),
-            mlp_matrices=float(model.mlp_matrices),
-            mtp=float(model.mtp_num_layers),
-            q_dim=q_dim,
-            kv_dim=kv_dim,
-            ctx_dim=ctx_dim,
-            saved_kv_dim=saved_kv,
-            latent_dim=latent,
-            expanded_qkv_dim=expanded,
-            up_projection_params=up,
-            attention_params=float(model.attention_params()),
+            h=h, heads=nh, vocab=float(model.vocab_size), experts=float(max(model.num_experts, 1)),
+            topk=float(model.moe_router_topk), moe_ffn=float(model.moe_ffn_hidden_size),
+            shared_ffn=float(model.moe_shared_expert_intermediate_size), ffn=float(model.ffn_hidden_size),
+            mlp_matrices=float(model.mlp_matrices), mtp=float(model.mtp_num_layers), q_dim=q_dim, kv_dim=kv_dim,
+            ctx_dim=ctx_dim, saved_kv_dim=saved_kv, latent_dim=latent, expanded_qkv_dim=expanded,
+            up_projection_params=up, attention_params=float(model.attention_params()),
             layer_norm_params=2 * h + float(model.attention_norm_params()),
-            dense_mlp_params=float(model.dense_mlp_params()),
-            shared_expert_params=float(model.shared_expert_params()),
-            router_params=float(model.router_params()),
-            expert_params=float(model.expert_params()),
-            embedding_params=float(model.embedding_params()),
-            is_moe=model.is_moe,
+            dense_mlp_params=float(model.dense_mlp_params()), shared_expert_params=float(model.shared_expert_params()),
+            router_params=float(model.router_params()), expert_params=float(model.expert_params()),
+            embedding_params=float(model.embedding_params()), is_moe=model.is_moe,
             last_layer_moe=bool(model.moe_layer_freq[-1]) if model.num_layers else False,
-            qk_layernorm=model.qk_layernorm,
-            is_mla=model.is_mla,
-            gated=model.gated_linear_unit,
-            untied_output=model.untie_embeddings_and_output_weights,
-            expert_bias=bool(model.add_bias_linear),
-            fused_activation=model.activation_func == "quick_gelu",
-        )
+            qk_layernorm=model.qk_layernorm, is_mla=model.is_mla, gated=model.gated_linear_unit,
+            untied_output=model.untie_embeddings_and_output_weights, expert_bias=bool(model.add_bias_linear),
+            fused_activation=model.activation_func == "quick_gelu")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TableContext:
     """The derived quantities of one :class:`LayoutTable` that the terms share.
 
-    Built once per :func:`cost_model.estimate.estimate_table` call by :func:`build_context`.
-    """
+    Built once per :func:`cost_model.estimate.estimate_table` call by :func:`build_context`."""
 
     model: ModelSpec
     cluster: Cluster
@@ -307,14 +284,8 @@ def _dtype_bytes(table: LayoutTable, column: str) -> Array:
     return out
 
 
-def build_context(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    table: LayoutTable,
-    calibration: Calibration,
-    options: RunOptions,
-) -> TableContext:
+def build_context(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable, calibration: Calibration,
+                  options: RunOptions) -> TableContext:
     """The :class:`TableContext` of ``table``.
 
     Raises TunerError: a precision the GPU has no tensor cores for."""
@@ -342,68 +313,37 @@ def build_context(
     selective = _mask(table, "recompute_granularity", RecomputeGranularity, lambda g: g.recomputes_modules)
     mod_values, mod_inv = table.codes("recompute_modules")
     mod_sets = [set(v.split(",")) for v in mod_values.tolist()]
-    recomputed = {
-        m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:,
-                                                                                       None] for m in RECOMPUTE_MODULES
-    }
+    recomputed = {m: selective & np.array([m in ms for ms in mod_sets], dtype=np.bool_)[mod_inv][:, None]
+                  for m in RECOMPUTE_MODULES}
     nv_eff, net_eff, per_node = _dispatcher_efficiencies(table, cluster, cal)
     return TableContext(
-        model=model,
-        cluster=cluster,
-        workload=workload,
-        cal=cal,
-        options=options,
-        dims=ModelDims.of(model),
-        world=cluster.num_gpus,
-        gpus_per_node=cluster.gpus_per_node,
-        nvlink_size=cluster.nvlink_size,
-        seq=s,
-        global_batch=gbs,
-        gemm_peak_flops=gpu.peak_flops(prec) * cal.precision_ratio(prec.value) * gemm_fam,
-        bf16_peak_flops=gpu.peak_flops_bf16 * fam,
-        hbm_bytes_per_s=gpu.hbm_bytes_per_s * cal.hbm_efficiency,
+        model=model, cluster=cluster, workload=workload, cal=cal, options=options, dims=ModelDims.of(model),
+        world=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node, nvlink_size=cluster.nvlink_size, seq=s,
+        global_batch=gbs, gemm_peak_flops=gpu.peak_flops(prec) * cal.precision_ratio(prec.value) * gemm_fam,
+        bf16_peak_flops=gpu.peak_flops_bf16 * fam, hbm_bytes_per_s=gpu.hbm_bytes_per_s * cal.hbm_efficiency,
         low_precision_weight_bytes=prec.low_precision_weight_bytes,
         saved_gemm_input_bytes=prec.saved_gemm_input_bytes if options.te_attention else BF16_BYTES,
         quantized=prec != Precision.bf16 and options.te_attention,
         load_imbalance=np.where(table["ep"] > 1, cal.moe_load_imbalance, 1.0)[:, None]
         if (model.is_moe and not options.moe_router_force_load_balancing) else np.ones((len(table), 1)),
-        tp=tp,
-        pp=pp,
-        vpp=table["vpp"].astype(float),
-        cp=cp,
-        ep=table["ep"].astype(float),
-        etp=table["etp"].astype(float),
-        mbs=mbs,
-        dp=dp,
-        edp=table.edp.astype(float),
+        tp=tp, pp=pp, vpp=table["vpp"].astype(float), cp=cp, ep=table["ep"].astype(float),
+        etp=table["etp"].astype(float), mbs=mbs, dp=dp, edp=table.edp.astype(float),
         micro_batches=np.maximum(np.floor(gbs / (mbs * dp)), 1.0),
-        overlap_offload=np.asarray(table["overlap_cpu_optimizer_d2h_h2d"], dtype=np.bool_),
-        rank=r.rank,
-        live=r.count > 0,
-        rank_count=r.count,
-        is_first=r.rank == 0,
-        is_last=r.rank == (pp_i[:, None] - 1),
-        layers=r.layers,
-        moe_layers=r.moe,
-        dense_layers=r.layers - r.moe,
-        block_layers=r.block_layers,
+        overlap_offload=np.asarray(table["overlap_cpu_optimizer_d2h_h2d"], dtype=np.bool_), rank=r.rank,
+        live=r.count > 0, rank_count=r.count, is_first=r.rank == 0, is_last=r.rank == (pp_i[:, None] - 1),
+        layers=r.layers, moe_layers=r.moe, dense_layers=r.layers - r.moe, block_layers=r.block_layers,
         tokens=(mbs * s / cp)[:, None],
-        recompute_num_layers=np.maximum(table["recompute_num_layers"].astype(float), 1.0)[:, None],
-        selective=selective,
+        recompute_num_layers=np.maximum(table["recompute_num_layers"].astype(float), 1.0)[:, None], selective=selective,
         full=_mask(table, "recompute_granularity", RecomputeGranularity, lambda g: g.recomputes_whole_layers),
         uniform=_mask(table, "recompute_method", RecomputeMethod, lambda m: m.recomputes_every_layer),
         recomputed=recomputed,
         distributed_optimizer=np.asarray(table["use_distributed_optimizer"], dtype=np.bool_)[:, None],
         precision_aware=np.asarray(table["use_precision_aware_optimizer"], dtype=np.bool_)[:, None],
-        exp_avg_bytes=_dtype_bytes(table, "exp_avg_dtype"),
-        exp_avg_sq_bytes=_dtype_bytes(table, "exp_avg_sq_dtype"),
+        exp_avg_bytes=_dtype_bytes(table, "exp_avg_dtype"), exp_avg_sq_bytes=_dtype_bytes(table, "exp_avg_sq_dtype"),
         offload_fraction=table["optimizer_offload_fraction"].astype(float)[:, None],
         flex=_mask(table, "dispatcher", Dispatcher, lambda d: d.is_flex),
-        allgather=_mask(table, "dispatcher", Dispatcher, lambda d: d.is_allgather),
-        network_counted_per_node=per_node,
-        dispatch_nvlink_efficiency=nv_eff,
-        dispatch_network_efficiency=net_eff,
-    )
+        allgather=_mask(table, "dispatcher", Dispatcher, lambda d: d.is_allgather), network_counted_per_node=per_node,
+        dispatch_nvlink_efficiency=nv_eff, dispatch_network_efficiency=net_eff)
 
 
 def _dispatcher_efficiencies(table: LayoutTable, cluster: Cluster, cal: Calibration) -> tuple[Array, Array, BoolArray]:

@@ -7,8 +7,7 @@ matrices, ``A`` (in x r) and ``B`` (r x out), with their own main gradients and 
 adapter per EP rank, ``share_expert_adapters=True``). The adapters follow the base layer's tensor split, so an
 adapter's elements per GPU are ``r (in + out) / tp`` (``/ etp`` for the experts'). The frozen GEMMs skip their weight
 gradient (:func:`gemm_passes`); the adapters' own work is memory-bound (:func:`adapter_time`). Returns of the
-parameter functions are elements, ``(n, K)``, as in :mod:`cost_model.terms.params`.
-"""
+parameter functions are elements, ``(n, K)``, as in :mod:`cost_model.terms.params`."""
 
 from __future__ import annotations
 
@@ -17,9 +16,6 @@ import numpy as np
 from cost_model.terms.context import Array, TableContext, col
 from specs.errors import TunerError
 from specs.units import BF16_BYTES
-
-__all__ = ["ADAPTER_INPUT_PASSES", "ADAPTER_OUTPUT_PASSES", "adapter_params", "adapter_time", "adapter_weight_bytes",
-           "check_targets", "gemm_passes", "trainable_params"]
 
 #: bf16 passes over HBM of an adapted layer's input, per token, forward + backward, of Megatron-Bridge's unfused
 #: ``LoRALinear`` (``peft/lora_layers.py`` and ``ParallelLinearAdapter.forward`` in ``peft/utils.py`` at 067f987d,
@@ -41,12 +37,8 @@ def _lora(c: TableContext) -> bool:
 
 
 def check_targets(c: TableContext) -> None:
-    """Refuse a target the model does not have.
-
-    Raises:
-        TunerError: ``linear_qkv`` on a multi-latent-attention model (:meth:`specs.Workload.on_model` drops it from
-            the default targets).
-    """
+    """Raises TunerError: ``linear_qkv`` on a multi-latent-attention model, which does not have it
+    (:meth:`specs.Workload.on_model` drops it from the default targets)."""
     if _lora(c) and c.dims.is_mla and "linear_qkv" in c.workload.lora_target_modules:
         rest = ",".join(m for m in c.workload.lora_target_modules if m != "linear_qkv") or "linear_proj"
         raise TunerError("--lora-target-modules linear_qkv: this model has multi-latent attention, which has no "
@@ -75,9 +67,7 @@ def adapter_params(c: TableContext) -> tuple[Array, Array]:
     """(dense, expert) adapter elements per GPU of the rank's layers: attention and dense-MLP / shared-expert adapters
     split by TP, the MoE layers' one shared expert adapter per EP rank split by ETP.
 
-    Returns:
-        Two arrays of elements, ``(n, K)``.
-    """
+    Returns: Two arrays of elements, ``(n, K)``."""
     qkv, proj, fc1, fc2, efc1, efc2, shared = _per_module(c)
     tp, etp = col(c.tp), col(c.etp)
     dense = (c.layers * (qkv + proj) + c.dense_layers * (fc1 + fc2) + c.moe_layers * shared) / tp
@@ -123,12 +113,9 @@ def adapter_time(c: TableContext, copies: Array) -> tuple[Array, Array, Array]:
     (:func:`cost_model.terms.activations.routed_token_copies`). Priced at the achieved HBM bandwidth. The adapters'
     GEMM FLOPs (``2 r (in + out)`` a token) are left out: at r = 32 about 1% of the frozen layer's.
 
-    Args:
-        copies: routed token copies per GPU, ``(n, 1)`` (ignored for a dense model).
+    Args: copies: routed token copies per GPU, ``(n, 1)`` (ignored for a dense model).
 
-    Returns:
-        Three arrays of seconds, ``(n, 1)``; zeros without ``--task lora``.
-    """
+    Returns: Three arrays of seconds, ``(n, 1)``; zeros without ``--task lora``."""
     zero = np.zeros_like(c.tokens)
     if not _lora(c):
         return zero, zero, zero

@@ -2,8 +2,7 @@
 framework overhead.
 
 Per-layer activation bytes come from :mod:`cost_model.terms.activations`, in-flight micro-batches
-from :mod:`cost_model.terms.schedule`. Results are bytes, ``(n, K)`` (per pipeline-rank class).
-"""
+from :mod:`cost_model.terms.schedule`. Results are bytes, ``(n, K)`` (per pipeline-rank class)."""
 
 from __future__ import annotations
 
@@ -11,21 +10,6 @@ import numpy as np
 
 from cost_model.terms.context import Array, TableContext, col
 from specs.units import BF16_BYTES
-
-__all__ = [
-    "a2a_overlap_extra_bytes",
-    "activation_bytes",
-    "cuda_graph_buffer_bytes",
-    "dispatcher_buffer_bytes",
-    "embedding_activation_bytes",
-    "framework_overhead_bytes",
-    "logits_bytes",
-    "logits_bytes_per_element",
-    "offload_kept_bytes",
-    "offloaded_layers",
-    "process_groups",
-    "working_set_bytes",
-]
 
 #: Dispatched-token buffers of the alltoall / allgather dispatchers per routed copy, hidden-size
 #: bf16: the permuted tokens sent and the tokens received (token_dispatcher.py).

@@ -3,8 +3,7 @@
 Offload is Megatron's ``HybridDeviceOptimizer`` (``--optimizer-cpu-offload``, ``--optimizer-offload-fraction``,
 megatron/core/optimizer/cpu_offloading): the offloaded share of the states is stepped by the host's CPUs, gradients
 copied down and parameters back over PCIe. Arguments ``owned`` are :func:`cost_model.terms.state.owned_params`, ``(n,
-K)``; results are seconds per step on the slowest rank, ``(n,)``.
-"""
+K)``; results are seconds per step on the slowest rank, ``(n,)``."""
 
 from __future__ import annotations
 
@@ -13,16 +12,6 @@ import numpy as np
 from cost_model.terms import state
 from cost_model.terms.context import Array, TableContext
 from specs.units import BF16_BYTES, FP32_BYTES
-
-__all__ = [
-    "cpu_adam_time",
-    "host_bytes_per_node",
-    "host_offload_bytes_per_param",
-    "offload_copy_time",
-    "offload_time",
-    "offloaded_params",
-    "optimizer_step_time",
-]
 
 #: PCIe bytes per offloaded parameter per step: the fp32 gradient down, the bf16 parameter back.
 OFFLOAD_BYTES_PER_PARAM = FP32_BYTES + BF16_BYTES

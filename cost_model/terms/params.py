@@ -2,23 +2,13 @@
 
 Source: Megatron's ``megatron/training/theoretical_memory_usage.py`` (EP-aware form since a7c9e8c4,
 shared/notes/megatron_rules.md §6.1), applied to the real layers of each pipeline rank instead
-of ``1/PP`` of the block. Every function returns elements (not bytes), shape ``(n, K)``.
-"""
+of ``1/PP`` of the block. Every function returns elements (not bytes), shape ``(n, K)``."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from cost_model.terms.context import Array, TableContext, col
-
-__all__ = [
-    "decoder_layer_params",
-    "dense_params",
-    "embedding_params",
-    "expert_params",
-    "mtp_params",
-    "output_layer_params",
-]
 
 #: Weights of MTP's ``eh_proj`` per MTP layer, in units of h^2: it maps the concatenated
 #: [embedding; hidden] (2h) to h (megatron/core/transformer/multi_token_prediction.py).
@@ -33,11 +23,9 @@ def decoder_layer_params(c: TableContext) -> Array:
     (theoretical_memory_usage.py ``tp_sharded_block`` / ``replicated_block``)."""
     m = c.dims
     tp = col(c.tp)
-    return (
-        c.layers * (m.attention_params / tp + m.layer_norm_params)
-        + c.dense_layers * (m.dense_mlp_params / tp)
-        + c.moe_layers * (m.shared_expert_params / tp + m.router_params)
-    )
+    return (c.layers * (m.attention_params / tp + m.layer_norm_params)
+            + c.dense_layers * (m.dense_mlp_params / tp)
+            + c.moe_layers * (m.shared_expert_params / tp + m.router_params))
 
 
 def embedding_params(c: TableContext) -> Array:

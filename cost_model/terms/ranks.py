@@ -1,8 +1,7 @@
 """Pipeline-rank classes: which decoder layers each pipeline rank holds, reduced to a few classes.
 
 Every rank-dependent term has shape ``(n, K)``: one column per class of pipeline ranks that hold the same layers (K is 1
-to 4 whatever ``pp``), so one vectorised call covers every rank of 10^5-10^6 layouts.
-"""
+to 4 whatever ``pp``), so one vectorised call covers every rank of 10^5-10^6 layouts."""
 
 from __future__ import annotations
 
@@ -16,15 +15,12 @@ from search_spaces.pipeline import stage_layer_counts
 from specs import ModelSpec
 from specs.layout import LayoutTable
 
-__all__ = ["RankArrays", "rank_arrays", "rank_classes"]
-
 Array = npt.NDArray[np.float64]
 
 
 @lru_cache(maxsize=4096)
-def rank_classes(
-    moe_layer_freq: tuple[int, ...], pp: int, vpp: int, first: int, last: int
-) -> tuple[tuple[int, int, int, int, tuple[int, ...]], ...]:
+def rank_classes(moe_layer_freq: tuple[int, ...], pp: int, vpp: int, first: int,
+                 last: int) -> tuple[tuple[int, int, int, int, tuple[int, ...]], ...]:
     """Pipeline ranks grouped into classes that have the same layers.
 
     Layers are assigned in execution order, stage ``i = v*pp + r`` (Megatron's VPP-major layout), so a model whose first
@@ -93,9 +89,5 @@ def rank_arrays(model: ModelSpec, t: LayoutTable) -> RankArrays:
             blk[u, k_] = [np.minimum(chunks, N).sum() for N in range(nmax + 1)]
     rnl = np.clip(t["recompute_num_layers"], 1, nmax)
     return RankArrays(
-        rank=rep[inv],
-        layers=nl[inv],
-        moe=nm[inv],
-        count=cnt[inv],
-        block_layers=blk[inv[:, None], np.arange(K)[None, :], rnl[:, None]],
-    )
+        rank=rep[inv], layers=nl[inv], moe=nm[inv], count=cnt[inv],
+        block_layers=blk[inv[:, None], np.arange(K)[None, :], rnl[:, None]])

@@ -5,8 +5,7 @@ Selective recompute re-runs the listed ``--recompute-modules``; full recompute r
 transformer_layer.py). A forward is ``1 / (1 + elementwise_backward_ratio)`` of a layer's memory-bound time and half of
 its TP collectives (:data:`cost_model.terms.comm.SP_COLLECTIVES_PER_BLOCK` are two forward, two backward). Arguments are
 the per-layer times of :mod:`cost_model.terms.compute` and :mod:`cost_model.terms.comm`, ``(n, 1)``; results are seconds
-per layer per micro-batch.
-"""
+per layer per micro-batch."""
 
 from __future__ import annotations
 
@@ -14,18 +13,6 @@ import numpy as np
 
 from cost_model.terms import compute
 from cost_model.terms.context import Array, TableContext
-
-__all__ = [
-    "attention_forward_time",
-    "dense_forward_time",
-    "full_recompute_share",
-    "moe_forward_time",
-    "recompute_dense_time",
-    "recompute_moe_time",
-    "selective_attention_time",
-    "selective_dense_time",
-    "selective_moe_time",
-]
 
 #: The forward's share of a block's TP collectives (all-gather + reduce-scatter of the four).
 FORWARD_TP_SHARE = 0.5
@@ -50,9 +37,8 @@ def attention_forward_time(c: TableContext, linear: Array, core: Array, elementw
             + unfused_rope * c.cal.unfused_mla_rope_forward_share)
 
 
-def moe_forward_time(
-    c: TableContext, experts: Array, router: Array, shared: Array, elementwise: Array, tp: Array, ep_forward: Array
-) -> Array:
+def moe_forward_time(c: TableContext, experts: Array, router: Array, shared: Array, elementwise: Array, tp: Array,
+                     ep_forward: Array) -> Array:
     """One forward of a MoE layer's MLP side: experts + router + shared experts + the forward share of the
     MoE memory-bound work + forward TP collectives + the forward EP time (all-to-alls and fixed costs).
 

@@ -2,8 +2,7 @@
 
 Sources: Megatron's ``megatron/core/pipeline_parallel/schedules.py``
 (``forward_backward_pipelining_without_interleaving`` / ``..._with_interleaving``: warm-up counts) and Narayanan et al.
-2021 (arXiv 2104.04473 §2.2: the interleaved bubble is ``(pp - 1) / vpp`` micro-batch times).
-"""
+2021 (arXiv 2104.04473 §2.2: the interleaved bubble is ``(pp - 1) / vpp`` micro-batch times)."""
 
 from __future__ import annotations
 
@@ -12,19 +11,6 @@ import numpy as np
 from cost_model.terms import comm
 from cost_model.terms.context import Array, TableContext, col
 from specs.units import BF16_BYTES
-
-__all__ = [
-    "bubble_time",
-    "busy_time",
-    "fill_drain_microbatches",
-    "inflight_1f1b",
-    "inflight_interleaved",
-    "inflight_microbatches",
-    "mean_rank_time",
-    "pp_p2p_bytes",
-    "pp_p2p_time",
-    "slowest_rank_time",
-]
 
 #: Guard against 0 / 0 when a row's mean time per micro-batch is 0 (seconds).
 _TINY_SECONDS = 1e-30

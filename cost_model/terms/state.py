@@ -3,8 +3,7 @@
 Source: Megatron's ``megatron/training/theoretical_memory_usage.py`` (18 bytes per parameter, or 6 + 12/DP with the
 distributed optimizer; notes §6.1), with the precision-aware optimizer's dtypes, the quantised weight copy of fp8 / MX /
 NVFP4, CPU optimizer offload and Megatron FSDP added. Arguments ``dense`` and ``experts`` are the elements of
-:mod:`cost_model.terms.params`, ``(n, K)``; results are bytes, ``(n, K)``.
-"""
+:mod:`cost_model.terms.params`, ``(n, K)``; results are bytes, ``(n, K)``."""
 
 from __future__ import annotations
 
@@ -12,17 +11,6 @@ import numpy as np
 
 from cost_model.terms.context import Array, TableContext, col
 from specs.units import BF16_BYTES, FP32_BYTES
-
-__all__ = [
-    "main_grad_bytes",
-    "main_grad_bytes_per_param",
-    "optimizer_bytes_per_param",
-    "optimizer_shards",
-    "offload_build_bytes",
-    "optimizer_state_bytes",
-    "owned_params",
-    "weight_bytes",
-]
 
 #: Master-weight bytes with the precision-aware optimizer and bf16 params: TE FusedAdam keeps
 #: only the 16 remainder bits of the fp32 master (``store_param_remainders``, default True in

@@ -9,7 +9,6 @@ import pytest
 
 from cost_model.uncertainty import Z90, Band, error_bars, family_of, load_error_bars
 from specs import load_model, parse_gpus
-from specs.errors import TunerError
 from tuner.study import TuneConfig, prepare
 
 
@@ -18,12 +17,6 @@ def test_band_sigma_and_bias_are_the_log_interval():
     assert b.sigma == pytest.approx((math.log(1.25) - math.log(0.8)) / (2 * Z90))
     assert b.mu == pytest.approx(0.0, abs=1e-12)
     assert Band(low=0.9, high=1.1, spread=0.02).sigma == 0.02
-
-
-@pytest.mark.parametrize(("low", "high"), [(1.1, 1.2), (0.8, 0.9), (0.0, 1.1), (float("nan"), 1.1)])
-def test_a_band_that_does_not_hold_the_prediction_is_refused(low, high):
-    with pytest.raises(TunerError, match="error band"):
-        Band(low=low, high=high)
 
 
 def test_families_fall_back_from_specific_to_all():
@@ -231,22 +224,6 @@ def test_chance_to_fit_is_the_posterior_of_the_shared_error_model():
     assert got[2] < chance_to_fit(peak, HBM, sigma=sigma, shared=shared, out_of_memory={0})[2]
 
 
-@pytest.mark.parametrize(
-    ("kw", "match"),
-    [
-        (dict(sigma=0.0, shared=0.5), "sigma"),
-        (dict(sigma=0.02, shared=1.5), "shared"),
-        (dict(sigma=0.02, shared=0.5, out_of_memory=[9]), "index"),
-        (dict(sigma=0.02, shared=0.5, measured={0: float("nan")}), "measured peak"),
-    ],
-)
-def test_chance_to_fit_refuses_what_it_cannot_read(kw, match):
-    from cost_model.uncertainty import chance_to_fit
-
-    with pytest.raises(ValueError, match=match):
-        chance_to_fit(np.ones(3) * GIB, HBM, **kw)
-
-
 def test_the_memory_band_says_how_much_of_its_error_a_job_shares():
     """shared = 1 - within-job variance / all: measured on the H200 trials grouped by model and precision."""
     f = _fit_module()
@@ -254,8 +231,6 @@ def test_the_memory_band_says_how_much_of_its_error_a_job_shares():
     assert mem["moe"].shared == mem["all"].shared and 0.3 < mem["all"].shared < 0.8
     x = [0.0, 0.1, 0.2, 1.0, 1.1, 1.2, 5.0]
     assert f.shared_share(x, ["a", "a", "a", "b", "b", "b", "c"]) == pytest.approx(1 - 0.01 / np.var(x, ddof=1))
-    with pytest.raises(TunerError, match="shared"):
-        Band(low=0.9, high=1.1, shared=1.2)
 
 
 def test_the_fit_verdict_reads_both_ends_of_the_memory_interval():

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from cost_model.estimate import estimate
-from cost_model.validate import _dispatcher_cell
+from cost_model.run_table import _dispatcher_cell
 from launch.exporters import ExportContext, get_exporter, megatron_args_script, recipe_schema
 from launch.harness.spec import HarnessEnv, unsupported_reasons
 from search_spaces.rules import check_layout

@@ -141,9 +141,9 @@ class TuneGroup(TyperGroup):
         debug = flag or os.environ.get(DEBUG_ENV, "").strip() not in ("", "0")
         extra.setdefault("obj", CliState(argv=tuple(argv), debug=debug))
         if "--help" in argv:  # typer's help tables, patched only for a help screen
-            from tuner.cli import _help
+            from tuner import help_tables
 
-            _help.install()
+            help_tables.install()
         try:
             rv = super().main(argv, prog_name, complete_var, standalone_mode=False,
                               windows_expand_args=windows_expand_args, **extra)
