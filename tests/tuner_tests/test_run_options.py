@@ -740,12 +740,12 @@ def _compare(best_tps: float, best_gib: float, src: str = "predicted", launch_sr
     from cost_model.uncertainty import Band, ErrorBars
     from specs import Layout
     from tuner.cli._from import compare_line
+    from tuner.study import TrialRow
 
     launch, other = Layout(world_size=8), Layout(world_size=8, tp=2, sequence_parallel=True)
     bars = ErrorBars(family="x", throughput=Band(low=0.8, high=1.1), memory=Band(low=0.9, high=1.1))
     prep = SimpleNamespace(config=SimpleNamespace(baseline=launch.to_dict(), memory_headroom=None), bars=bars)
-    rows = [{"trial": 0, "layout": launch.to_dict(), "tokens_per_s_per_gpu": 1000.0, "peak_gib": 60.0,
-             "source": launch_src, "fit": "fits"}]
+    rows = [TrialRow(trial=0, layout=launch, tokens_per_s_per_gpu=1000.0, peak_gib=60.0, source=launch_src)]
     best = {"trial": 1, "label": other.label, "layout": other, "tokens_per_s_per_gpu": best_tps, "peak_gib": best_gib,
             "source": src}
     return compare_line(prep, best, rows)

@@ -17,6 +17,7 @@ from tuner.cli._common import GIB, RunChoice
 
 if TYPE_CHECKING:
     from specs import Layout
+    from tuner.study.records import TrialRow
 
 __all__ = ["FromOpt", "FromInputs", "CommandInputs", "arguments_read", "command_inputs", "launch_inputs",
            "launch_layout", "launch_lines", "compare_line", "launch_summary"]
@@ -277,7 +278,7 @@ def fit_verdict(prep: Any, e: Any) -> str:
     return "does NOT fit" if verdict == "does not fit" else verdict
 
 
-def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> str:
+def compare_line(prep: Any, best: dict[str, Any], rows: list[TrialRow] | None = None) -> str:
     """``your launch (trial T): N tokens/s/GPU measured|predicted (90%: LO-HI), X GiB; best: LABEL, M tokens/s/GPU,
     Y GiB, +P%;`` then what to do. The launch's own trial among ``rows`` (the study's trial rows) gives its numbers,
     measured when it was; else its prediction; a prediction's 90% interval is the job's error bars' (``prep.bars``,
@@ -290,13 +291,12 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | N
     from specs import Layout
 
     base = Layout.from_dict(prep.config.baseline)
-    mine = [r for r in rows or () if _layout_of(r).key() == base.key() and r.get("tokens_per_s_per_gpu")]
-    mine.sort(key=lambda r: r.get("source") != "measured")  # a measurement first
+    mine = [r for r in rows or () if r.layout.key() == base.key() and r.tokens_per_s_per_gpu]
+    mine.sort(key=lambda r: r.source != "measured")  # a measurement first
     if mine:
         r = mine[0]
-        tps, gib, src = float(r["tokens_per_s_per_gpu"]), float(r["peak_gib"]), str(r["source"])
-        verdict = "fits" if src == "measured" else str(r.get("fit") or "fits")
-        who = f"your launch (trial {r['trial']})"
+        tps, gib, src, verdict = r.tokens_per_s_per_gpu, r.peak_gib, r.source, "fits"
+        who = f"your launch (trial {r.trial})"
     else:
         e, why = baseline_estimate(prep)
         if e is None:
@@ -310,7 +310,7 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | N
         band = f" (90%: {lo:,.0f}-{hi:,.0f})"
     gain = best["tokens_per_s_per_gpu"] / tps - 1 if tps > 0 else float("nan")
     fit = "" if verdict == "fits" else f" ({verdict}, predicted)"
-    changes = layout_changes(base, _layout_of(best))
+    changes = layout_changes(base, best["layout"])
     err = ratio_within_error()
     predicted = "predicted" in (best["source"], src)
     if not changes:
@@ -331,10 +331,3 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | N
     return (f"{who}: {tps:,.1f} tokens/s/GPU {src}{band}, {gib:.1f} GiB{fit}; best: {best['label']}, "
             f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {best['peak_gib']:.1f} GiB, "
             f"{gain:+.0%}{then}")
-
-
-def _layout_of(row: dict[str, Any]) -> Any:
-    from specs import Layout
-
-    lay = row["layout"]
-    return lay if isinstance(lay, Layout) else Layout.from_dict(lay)

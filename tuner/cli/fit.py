@@ -270,24 +270,20 @@ def validate(
 def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[Any]:
     """Measured trials of a study made by ``tune`` as runs (the study's model, cluster and workload)."""
     from cost_model.validate import Run
-    from specs.layout import Layout
     from tuner.study import trial_rows
 
     st = load_study(study, storage, results_dir)
     m, c, w, _ = study_context(st)
     runs = []
     for row in trial_rows(st):
-        if row.get("source") != "measured" or not row.get("tokens_per_s_per_gpu"):
+        if row.source != "measured" or not row.tokens_per_s_per_gpu:
             continue
-        try:
-            lay = Layout.from_dict(row["layout"])
-        except (TunerError, TypeError, ValueError) as e:
-            raise TunerError(f"study {study!r}, trial {row.get('trial')}: its layout cannot be read ({e})") from None
-        runs.append(Run(row=int(row.get("trial", 0)), run_id=f"trial {row.get('trial')}", model_name=m.name,
+        runs.append(Run(row=row.trial, run_id=f"trial {row.trial}", model_name=m.name,
                         gpu_type=c.gpu.name, precision=w.precision.value, num_gpus=c.num_gpus,
-                        published_tokens=float(row["tokens_per_s_per_gpu"]),
+                        published_tokens=row.tokens_per_s_per_gpu,
                         published_tflops=None, implied_gflop_per_token=None, seq_length=w.seq_length,
-                        framework_version=f"study {study} (measured trial)", model=m, cluster=c, workload=w, layout=lay,
+                        framework_version=f"study {study} (measured trial)", model=m, cluster=c, workload=w,
+                        layout=row.layout,
                         is_moe=m.is_moe))
     if not runs:
         raise TunerError(f"study {study!r} has no finished trial measured on GPUs (result source 'measured'); run it "
@@ -302,18 +298,18 @@ def _study_observations(study: str, storage: str | None, results_dir: Path) -> t
     from tuner.study import trial_rows
 
     runs = _study_runs(study, storage, results_dir)
-    by_trial = {int(r.get("trial", -1)): r for r in trial_rows(load_study(study, storage, results_dir))}
+    by_trial = {r.trial: r for r in trial_rows(load_study(study, storage, results_dir))}
     obs, notes = [], []
     for r in runs:
-        row = by_trial.get(r.row, {})
-        peak = row.get("peak_gib")
+        row = by_trial[r.row]
+        peak = row.peak_gib
         obs.append(Observation(model=r.model, cluster=r.cluster, workload=r.workload, layout=r.layout,
                                step_time_s=r.workload.global_batch_size * r.workload.seq_length
                                / r.published_tokens / r.num_gpus,
-                               peak_gib=float(peak) if peak and math.isfinite(float(peak)) else None, label=r.run_id))
-        for n in row.get("notes") or []:
+                               peak_gib=peak if peak and math.isfinite(peak) else None, label=r.run_id))
+        for n in row.notes:
             if n not in notes:
-                notes.append(str(n))
+                notes.append(n)
     return obs, notes
 
 
