@@ -196,8 +196,8 @@ def measured_ties(rows: list[TrialRow], best_trial: int, z: float = TIE_Z) -> li
     """
     pooled = between_run_noise(rows) or 0.0
 
-    def rel_se(r: TrialRow) -> float | None:
-        if r.source != "measured":
+    def rel_se(r: TrialRow) -> float | None:  # None: not a measured, positive throughput
+        if r.source != "measured" or not _positive(r.tokens_per_s_per_gpu):
             return None
         t = [x for x in r.step_times_s if _positive(x)]
         if len(t) < 3:
@@ -210,18 +210,14 @@ def measured_ties(rows: list[TrialRow], best_trial: int, z: float = TIE_Z) -> li
         between = _mean_rel_sd(runs)[1] / math.sqrt(len(runs))
         return max(between, within / math.sqrt(len(runs)), pooled / math.sqrt(len(runs)))
 
-    def tps(r: TrialRow) -> float | None:
-        return r.tokens_per_s_per_gpu if _positive(r.tokens_per_s_per_gpu) else None
-
     best = next((r for r in rows if r.trial == best_trial), None)
     se_a = rel_se(best) if best else None
-    a = tps(best) if best else None
-    if best is None or se_a is None or a is None:
+    if best is None or se_a is None:
         return []
-    out = []
+    a, out = best.tokens_per_s_per_gpu, []
     for r in rows:
-        se_b, b = rel_se(r), tps(r)
-        if r is best or se_b is None or b is None:
+        se_b, b = rel_se(r), r.tokens_per_s_per_gpu
+        if r is best or se_b is None:
             continue
         gap = round((a - b) / a, 6) + 0.0  # + 0.0: an exact tie is 0.0, not -0.0
         thr = z * math.sqrt(se_a**2 + se_b**2)

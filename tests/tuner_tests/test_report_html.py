@@ -133,7 +133,7 @@ def test_the_layout_with_the_most_headroom_within_5_percent(page):
     best = max(r.tokens_per_s_per_gpu for r in rows)
     near = [r for r in rows if r.tokens_per_s_per_gpu >= 0.95 * best]
     pick = max(near, key=lambda r: r.headroom_gib)
-    assert p.text_of["near-answer"].startswith(f"trial {pick.trial} ({pick.label}")
+    assert p.text_of["near-answer"].startswith(f"trial {pick.trial} ({pick.layout.label}")
     assert f"{pick.headroom_gib:.1f} GiB of headroom" in p.text_of["near-answer"]
     assert p.text_of["near-count"] == str(len(near))
     body = p.text_of["near-body"]  # every one of them is listed (no silent cut)

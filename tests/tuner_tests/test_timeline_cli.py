@@ -76,7 +76,7 @@ def test_timeline_of_a_predicted_trial(tmp_path):
     assert r.exit_code == 0, r.output
     trace = json.loads((tmp_path / "p" / f"timeline_trial{row.trial}.json").read_text())
     assert trace_step_seconds(trace) == pytest.approx(_recorded_step_s(st, row.trial), rel=1e-12)
-    assert trace["otherData"]["trial"] == row.trial and trace["otherData"]["layout"] == row.label
+    assert trace["otherData"]["trial"] == row.trial and trace["otherData"]["layout"] == row.layout.label
     assert "measured trace" not in r.output
 
 

@@ -79,7 +79,7 @@ def print_ties(rows: list[TrialRow], best: dict[str, Any]) -> None:
     runs of the layouts measured more than once (--confirm-runs)."""
     from tuner.report import TIE_Z, between_run_noise, fastest_measured, long_label, measured_ties, runs_summary
 
-    for r in sorted(rows, key=lambda r: -(r.tokens_per_s_per_gpu or 0)):
+    for r in sorted(rows, key=lambda r: -r.tokens_per_s_per_gpu):
         text = runs_summary(r)
         if text is not None:
             warn = "[bold red]" if r.runs_failed else ""

@@ -31,6 +31,7 @@ from tuner.cli._common import (
 
 if TYPE_CHECKING:
     from cost_model.run_table import RowProblem
+    from tuner.study.records import TrialRow
 
 __all__ = ["app", "validate", "calibrate"]
 
@@ -267,8 +268,9 @@ def validate(
             "repeats measure; cost_model.validate.release_factor)", indent=0, hang=2)
 
 
-def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[Any]:
-    """Measured trials of a study made by ``tune`` as runs (the study's model, cluster and workload)."""
+def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[tuple[Any, TrialRow]]:
+    """Measured trials of a study made by ``tune``: each as a run (the study's model, cluster and workload) and its
+    row."""
     from cost_model.validate import Run
     from tuner.study import trial_rows
 
@@ -278,13 +280,11 @@ def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[Any]
     for row in trial_rows(st):
         if row.source != "measured" or not row.tokens_per_s_per_gpu:
             continue
-        runs.append(Run(row=row.trial, run_id=f"trial {row.trial}", model_name=m.name,
-                        gpu_type=c.gpu.name, precision=w.precision.value, num_gpus=c.num_gpus,
-                        published_tokens=row.tokens_per_s_per_gpu,
-                        published_tflops=None, implied_gflop_per_token=None, seq_length=w.seq_length,
-                        framework_version=f"study {study} (measured trial)", model=m, cluster=c, workload=w,
-                        layout=row.layout,
-                        is_moe=m.is_moe))
+        runs.append((Run(row=row.trial, run_id=f"trial {row.trial}", model_name=m.name, gpu_type=c.gpu.name,
+                         precision=w.precision.value, num_gpus=c.num_gpus, published_tokens=row.tokens_per_s_per_gpu,
+                         published_tflops=None, implied_gflop_per_token=None, seq_length=w.seq_length,
+                         framework_version=f"study {study} (measured trial)", model=m, cluster=c, workload=w,
+                         layout=row.layout, is_moe=m.is_moe), row))
     if not runs:
         raise TunerError(f"study {study!r} has no finished trial measured on GPUs (result source 'measured'); run it "
                          "with a GPU backend first")
@@ -295,13 +295,9 @@ def _study_observations(study: str, storage: str | None, results_dir: Path) -> t
     """Measured trials of a study as observations (step time, peak reserved memory) and their notes
     (the software stack the trials ran on, e.g. no Transformer Engine)."""
     from cost_model.calibrate import Observation
-    from tuner.study import trial_rows
 
-    runs = _study_runs(study, storage, results_dir)
-    by_trial = {r.trial: r for r in trial_rows(load_study(study, storage, results_dir))}
     obs, notes = [], []
-    for r in runs:
-        row = by_trial[r.row]
+    for r, row in _study_runs(study, storage, results_dir):
         peak = row.peak_gib
         obs.append(Observation(model=r.model, cluster=r.cluster, workload=r.workload, layout=r.layout,
                                step_time_s=r.workload.global_batch_size * r.workload.seq_length
@@ -373,7 +369,7 @@ def calibrate(
         for p in problems:
             say(escape(str(p)), label="[yellow]skipped:[/]", indent=0, console=err)
     if study:
-        runs += _study_runs(study, storage, results_dir)
+        runs += [r for r, _ in _study_runs(study, storage, results_dir)]
     start = load_calibration(calibration) if calibration else (DEFAULT_CALIBRATION if study and not data
                                                                else BASE_CALIBRATION)
     if study and not data:

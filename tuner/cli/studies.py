@@ -112,7 +112,7 @@ def pareto(
             or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]
     if any(r.pred_tokens_per_s_per_gpu == r.pred_tokens_per_s_per_gpu for r in rows) and ("measured" in srcs or real):
         out.print("Predicted vs measured, every real trial (tokens/s/GPU; peak GiB)")
-        lines = [(r.trial, r.label, "measured", r.pred_tokens_per_s_per_gpu, r.tokens_per_s_per_gpu,
+        lines = [(r.trial, r.layout.label, "measured", r.pred_tokens_per_s_per_gpu, r.tokens_per_s_per_gpu,
                   r.pred_peak_gib, r.peak_gib)
                  for r in rows if r.source == "measured"]
         for tr in real:
@@ -181,14 +181,13 @@ def export_cmd(
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
     row = pick_trial_row(st.study_name, rows, m, trial, "export", best=st.user_attrs.get("best_trial"))
-    lay = row.layout
     peak, hbm = row.peak_gib or 0.0, c.gpu.hbm_bytes / 2**30
     if row.source == "predicted" and peak > hbm / error_bars(m, c.gpu, w.precision).memory.high:
         err.print(f"[yellow]warning:[/] trial {row.trial} is predicted at {peak:.1f} GiB per GPU of {hbm:.1f}: it "
                   "may not fit; confirm it with a real trial before training on it")
     from tuner.verify.correctness import stored_correctness  # launch's process helpers: not imported by the main job
 
-    text = exporter.render(study_export_context(st, m, c, w, cfg, lay, row, rows,
+    text = exporter.render(study_export_context(st, m, c, w, cfg, row.layout, row, rows,
                                                 correctness=stored_correctness(st, row.trial)))
     if out_file is None:
         sys.stdout.write(text)

@@ -88,6 +88,7 @@ def verify(
     reference's own run-to-run noise); with --component optimizer, the optimizer component test runs. A recipe is
     ``verified`` only when the convergence check and gradient parity both passed for its layout.
     """
+    from tuner.study import trial_rows
     from tuner.verify.inputs import parse_layout_spec
     if component is not None:
         if grad_parity:
@@ -106,7 +107,7 @@ def verify(
     st, m, c, w, cfg, lay, trial_no, row = _candidate(study, storage, results_dir, trial, need_trial=candidate is None)
     if candidate is not None:
         lay = parse_layout_spec(candidate, c.num_gpus)
-        row = next((r for r in _rows(st) if r.layout == lay), None)
+        row = next((r for r in trial_rows(st) if r.layout == lay), None)
         trial_no = row.trial if row else None
     ref = parse_layout_spec(reference, c.num_gpus)
     name = (f"trial{trial_no}" if trial_no is not None else "layout-" + _slug(lay.label)) + (f"-{fault}" if fault
@@ -283,12 +284,6 @@ def _slug(label: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in label).strip("-").lower()
 
 
-def _rows(st: Any) -> list[TrialRow]:
-    from tuner.study import trial_rows
-
-    return trial_rows(st)
-
-
 def _candidate(study: str, storage: str | None, results_dir: Path, trial: int | None, *,
                need_trial: bool = True) -> tuple[Any, ...]:
     from tuner.report import pick_trial_row
@@ -345,5 +340,7 @@ def _recipe_text(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any,
     """The recipe of ``lay`` (trial ``row``, or a given candidate when None) with the correctness ``block``."""
     from launch.exporters import get_exporter
     from tuner.cli.studies import study_export_context
+    from tuner.study import trial_rows
 
-    return get_exporter("recipe").render(study_export_context(st, m, c, w, cfg, lay, row, _rows(st), correctness=block))
+    return get_exporter("recipe").render(study_export_context(st, m, c, w, cfg, lay, row, trial_rows(st),
+                                                              correctness=block))

@@ -13,7 +13,7 @@ import datetime
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import optuna
@@ -277,21 +277,21 @@ def best_measured(trials: Iterable[FrozenTrial]) -> float | None:
     return best
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunFailure:
-    """A confirmation run (``--confirm-runs``) that failed."""
+class RunFailure(NamedTuple):
+    """A confirmation run (``--confirm-runs``) that failed: its trial, its kind (``oom``, ``timeout``, ``crash``)
+    and the memory its failing rank had reached (GiB) when known."""
 
     trial: int
     kind: str | None
-    """``oom``, ``timeout``, ``crash`` (:class:`launch.TrialFailed`'s kind)."""
-    memory_reached_gib: float | None = None
-    """The memory the failing rank had reached (GiB), when known."""
+    memory_reached_gib: float | None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialRow:
-    """A finished trial of a study (:func:`trial_rows`): its layout and its result (tokens/s/GPU, GiB per GPU,
-    seconds, MFU as a fraction, US$ per 1M tokens; NaN where the result has none)."""
+    """A finished trial of a study (:func:`trial_rows`): its layout, ``source`` (``predicted`` or ``measured``) and
+    result (tokens/s/GPU, GiB per GPU, seconds, MFU as a fraction, US$ per 1M tokens; NaN where the result has none).
+    A measured trial adds its step times, log folder and notes on the stack it ran on; a layout run more than
+    once (``--confirm-runs``) its ``runs`` and their throughputs, and the runs that failed."""
 
     trial: int
     layout: Layout
@@ -299,29 +299,18 @@ class TrialRow:
     peak_gib: float
     key: str = ""
     source: str = "predicted"
-    """``predicted`` or ``measured``."""
     headroom_gib: float = math.nan
     step_time_s: float = math.nan
-    """The median step time (of the runs: their mean)."""
     mfu: float = math.nan
     usd_per_million_tokens: float = math.nan
     pred_tokens_per_s_per_gpu: float = math.nan
     pred_peak_gib: float = math.nan
     step_times_s: tuple[float, ...] = ()
-    """A measured trial's step times (the first run's)."""
-    losses: tuple[float, ...] = ()
-    log_path: str | None = None
+    log_path: str = ""
     notes: tuple[str, ...] = ()
-    """A measured trial's notes on the stack it ran on."""
     runs: int = 1
-    """Finished runs of the layout, confirmation runs included."""
     runs_tokens_per_s_per_gpu: tuple[float, ...] = ()
-    runs_step_time_s: tuple[float, ...] = ()
     runs_failed: tuple[RunFailure, ...] = ()
-
-    @property
-    def label(self) -> str:
-        return self.layout.label
 
     @classmethod
     def of(cls, trial: int, key: str, result: Mapping[str, Any] | None) -> TrialRow | None:
@@ -330,17 +319,16 @@ class TrialRow:
         if not result or not {"layout", "tokens_per_s_per_gpu", "peak_gib"} <= result.keys():
             return None
         kw: dict[str, Any] = {f: float(result[f]) for f in _NUMBERS if result.get(f) is not None}
-        kw.update({f: tuple(v) for f in ("step_times_s", "losses", "notes") if isinstance(v := result.get(f), list)})
+        kw.update({f: tuple(v) for f in ("step_times_s", "notes") if isinstance(v := result.get(f), list)})
         return cls(trial=trial, key=key, layout=Layout.from_dict(result["layout"]),
-                   source=str(result.get("source", "predicted")), log_path=result.get("log_path"), **kw)
+                   source=str(result.get("source", "predicted")), log_path=str(result.get("log_path") or ""), **kw)
 
     def measurement(self) -> Measurement | None:
         """The :class:`launch.Measurement` of a measured row, or None for a predicted one."""
         if self.source != "measured":
             return None
         return Measurement(layout=self.layout, source="measured", tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
-                           peak_bytes=self.peak_gib * 2**30, step_times_s=self.step_times_s, losses=self.losses,
-                           log_path=str(self.log_path or ""))
+                           peak_bytes=self.peak_gib * 2**30, step_times_s=self.step_times_s, log_path=self.log_path)
 
 
 #: The :class:`TrialRow` fields :meth:`TrialRow.of` reads from a result as numbers.
@@ -352,8 +340,8 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
     """Finished trials of a study as rows, for reports and export.
 
     Confirmation runs (``--confirm-runs``: trials with ``repeat_of``) are folded into the trial they
-    repeat: ``runs`` (finished runs, the trial's own included), each run's ``runs_tokens_per_s_per_gpu``
-    and ``runs_step_time_s``; ``step_time_s`` becomes the mean step time of the runs and
+    repeat: ``runs`` (finished runs, the trial's own included), each run's ``runs_tokens_per_s_per_gpu``;
+    ``step_time_s`` becomes the mean step time of the runs and
     ``tokens_per_s_per_gpu`` the runs' tokens over their time (the harmonic mean of their
     throughputs, so the two agree); ``peak_gib`` the highest run's, ``headroom_gib`` the lowest;
     MFU and $/1M tokens follow. Confirmation runs that failed are listed in ``runs_failed``.
@@ -369,8 +357,8 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
         r = TrialRecord.of(t)
         if t.state == TrialState.FAIL and r.repeat_of is not None and r.failure is not None:
             f = r.failure
-            failed.setdefault(int(r.repeat_of), []).append(
-                RunFailure(trial=t.number, kind=f.get("kind"), memory_reached_gib=f.get("memory_reached_gib")))
+            failed.setdefault(int(r.repeat_of), []).append(RunFailure(t.number, f.get("kind"),
+                                                                      f.get("memory_reached_gib")))
             continue
         try:
             row = TrialRow.of(t.number, r.key or "", r.result) if t.state == TrialState.COMPLETE else None
@@ -387,11 +375,10 @@ def _folded(row: TrialRow, more: list[TrialRow], failed: list[RunFailure]) -> Tr
         return dataclasses.replace(row, runs_failed=tuple(failed))
     runs = [row, *more]
     tps = tuple(x.tokens_per_s_per_gpu for x in runs)
-    steps = tuple(x.step_time_s for x in runs)
     mean = len(tps) / sum(1.0 / x for x in tps)
     first = row.tokens_per_s_per_gpu
     return dataclasses.replace(
-        row, runs_failed=tuple(failed), runs=len(runs), runs_tokens_per_s_per_gpu=tps, runs_step_time_s=steps,
-        tokens_per_s_per_gpu=mean, step_time_s=sum(steps) / len(steps), peak_gib=max(x.peak_gib for x in runs),
+        row, runs_failed=tuple(failed), runs=len(runs), runs_tokens_per_s_per_gpu=tps, tokens_per_s_per_gpu=mean,
+        step_time_s=sum(x.step_time_s for x in runs) / len(runs), peak_gib=max(x.peak_gib for x in runs),
         headroom_gib=min(x.headroom_gib for x in runs), mfu=row.mfu * mean / first,
         usd_per_million_tokens=row.usd_per_million_tokens * first / mean)
