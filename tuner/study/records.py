@@ -372,7 +372,7 @@ def trial_rows(study: optuna.Study) -> list[TrialRow]:
 def _folded(row: TrialRow, more: list[TrialRow], failed: list[RunFailure]) -> TrialRow:
     """``row`` with its confirmation runs ``more`` and the failed ones (:func:`trial_rows`)."""
     if not more:
-        return dataclasses.replace(row, runs_failed=tuple(failed))
+        return dataclasses.replace(row, runs_failed=tuple(failed)) if failed else row
     runs = [row, *more]
     tps = tuple(x.tokens_per_s_per_gpu for x in runs)
     mean = len(tps) / sum(1.0 / x for x in tps)
