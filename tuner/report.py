@@ -70,15 +70,14 @@ def pick_trial_row(study_name: str, rows: list[TrialRow], model: ModelSpec, tria
     return match[0]
 
 
-def _intervals(r: dict[str, Any], bars: ErrorBars | None, hbm_gib: float | None) -> dict[str, Any]:
-    """A front row's 90% intervals (tokens/s/GPU and peak GiB) and whether it fits: a prediction's from the error bars,
+def _intervals(r: TrialRow, bars: ErrorBars | None, hbm_gib: float | None) -> dict[str, Any]:
+    """A trial's 90% intervals (tokens/s/GPU and peak GiB) and whether it fits: a prediction's from the error bars,
     a measurement's from the run-to-run spread over its runs."""
     from tuner.study.policy import RUN_SIGMA  # measured: its mean times exp(+-Z90 * RUN_SIGMA / sqrt(runs))
 
-    tps, peak = float(r["tokens_per_s_per_gpu"]), float(r["peak_gib"])
-    nan = float("nan")
-    if r.get("source", "predicted") == "measured":
-        k = math.exp(Z90 * RUN_SIGMA / math.sqrt(max(int(r.get("runs", 1)), 1)))
+    tps, peak, nan = r.tokens_per_s_per_gpu, r.peak_gib, float("nan")
+    if r.source == "measured":
+        k = math.exp(Z90 * RUN_SIGMA / math.sqrt(max(r.runs, 1)))
         (lo, hi), (mlo, mhi), fit = (tps / k, tps * k), (peak, peak), "ran"
     elif bars is None:
         (lo, hi), (mlo, mhi), fit = (nan, nan), (nan, nan), ""
@@ -109,8 +108,8 @@ def front_rows(rows: list[TrialRow], model: ModelSpec, bars: ErrorBars | None = 
             "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "mfu": r.mfu,
             "usd_per_million_tokens": r.usd_per_million_tokens, "peak_gib": r.peak_gib,
             "headroom_gib": r.headroom_gib, "step_time_s": r.step_time_s, "runs": r.runs, "layout": lay,
+            **_intervals(r, bars, hbm_gib),
         })
-        out[-1].update(_intervals(out[-1], bars, hbm_gib))
     return out
 
 
