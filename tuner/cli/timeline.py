@@ -218,14 +218,12 @@ def _study_trial(study: str, trial: int | None, storage: str | None, results_dir
 
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
-    rows = trial_rows(st)
-    row = pick_trial_row(st.study_name, rows, m, trial, "draw", best=st.user_attrs.get("best_trial"))
-    lay = row.layout
+    row = pick_trial_row(st.study_name, trial_rows(st), m, trial, "draw", best=st.user_attrs.get("best_trial"))
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
     backend = str(cfg.get("backend", "model"))
     opts = stored_run(st)[0] or run_options_for_backend(backend)
     try:
-        det = estimate_details(m, c, w, lay, calibration=cal,
+        det = estimate_details(m, c, w, row.layout, calibration=cal,
                                memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")),
                                options=opts)
     except InfeasibleLayout as ex:

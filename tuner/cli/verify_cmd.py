@@ -291,10 +291,9 @@ def _candidate(study: str, storage: str | None, results_dir: Path, trial: int | 
 
     st = load_study(study, storage, results_dir, writes=True)
     m, c, w, cfg = study_context(st)
-    rows = trial_rows(st)
     if not need_trial:
         return st, m, c, w, cfg, None, None, None
-    row = pick_trial_row(st.study_name, rows, m, trial, "verify", best=st.user_attrs.get("best_trial"))
+    row = pick_trial_row(st.study_name, trial_rows(st), m, trial, "verify", best=st.user_attrs.get("best_trial"))
     return st, m, c, w, cfg, row.layout, row.trial, row
 
 
