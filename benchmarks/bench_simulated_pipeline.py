@@ -94,9 +94,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         prep = prepare(TuneConfig.from_dict(dict(model="MiniMax-M2", gpus="64xH200", results_dir=d)))
         res = run_study(prep)
-        from specs.layout import Layout
-
-        evaluated = [Layout.from_dict(r["layout"]) for r in trial_rows(res.study)]
+        evaluated = [r.layout for r in trial_rows(res.study)]
     print(json.dumps({"set": "main job's evaluated layouts", **_compare(prep, evaluated)}))
     if a.sample:
         rng = np.random.default_rng(0)

@@ -165,8 +165,8 @@ def _study(prep: Prepared, world: World, seed: int, tmp: str) -> tuple[Layout | 
         result = run_study(dataclasses.replace(prep, config=cfg), backend=backend)
     rows = trial_rows(result.study)
     chosen = result.study.user_attrs.get(POLICY_BEST_ATTR)  # the gain policy's answer (posterior mean), if it named one
-    best = next((r for r in rows if r["trial"] == chosen), None) or fastest_measured(rows)
-    return (Layout.from_dict(best["layout"]) if best else None), backend
+    best = next((r for r in rows if r.trial == chosen), None) or fastest_measured(rows)
+    return (best.layout if best else None), backend
 
 
 def _random(prep: Prepared, world: World, seed: int, gpu_hours: float) -> tuple[Layout | None, SimulatedBackend]:

@@ -7,7 +7,7 @@ import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from specs.files import write_output
 from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.pareto import pareto_mask
+
+if TYPE_CHECKING:
+    from tuner.study.records import TrialRow
 
 #: The study attribute holding the trial the main job named best (``export``, ``timeline``, ``verify`` default to it).
 BEST_TRIAL_ATTR = "best_trial"
@@ -42,8 +45,8 @@ def pipeline_layout_of(layout: Layout, model: ModelSpec) -> str:
                               layout.num_layers_in_last_pipeline_stage, model.mtp_num_layers)
 
 
-def pick_trial_row(study_name: str, rows: list[dict[str, Any]], model: ModelSpec, trial: int | None, purpose: str,
-                   best: int | None = None) -> dict[str, Any]:
+def pick_trial_row(study_name: str, rows: list[TrialRow], model: ModelSpec, trial: int | None, purpose: str,
+                   best: int | None = None) -> TrialRow:
     """The finished trial ``trial`` of ``rows`` (from :func:`tuner.study.trial_rows`); when None, ``best`` (the trial
     the main job named best, :data:`BEST_TRIAL_ATTR`) if it is finished, else the fastest on the front.
 
@@ -52,30 +55,29 @@ def pick_trial_row(study_name: str, rows: list[dict[str, Any]], model: ModelSpec
     """
     from specs.errors import TunerError
 
-    if trial is None and best is not None and any(r["trial"] == best for r in rows):
+    if trial is None and best is not None and any(r.trial == best for r in rows):
         trial = best
     if trial is None:
         front = front_rows(rows, model)
         if not front:
             raise TunerError(f"study {study_name!r} has no finished trial to {purpose}")
-        return next(r for r in rows if r["trial"] == front[0]["trial"])
-    match = [r for r in rows if r["trial"] == trial]
+        return next(r for r in rows if r.trial == front[0]["trial"])
+    match = [r for r in rows if r.trial == trial]
     if not match:
-        done = sorted(r["trial"] for r in rows)
+        done = sorted(r.trial for r in rows)
         more = " ..." if len(done) > 20 else ""
         raise TunerError(f"--trial {trial}: not a finished trial of {study_name!r}; finished trials: {done[:20]}{more}")
     return match[0]
 
 
-def _intervals(r: dict[str, Any], bars: ErrorBars | None, hbm_gib: float | None) -> dict[str, Any]:
-    """A front row's 90% intervals (tokens/s/GPU and peak GiB) and whether it fits: a prediction's from the error bars,
+def _intervals(r: TrialRow, bars: ErrorBars | None, hbm_gib: float | None) -> dict[str, Any]:
+    """A trial's 90% intervals (tokens/s/GPU and peak GiB) and whether it fits: a prediction's from the error bars,
     a measurement's from the run-to-run spread over its runs."""
     from tuner.study.policy import RUN_SIGMA  # measured: its mean times exp(+-Z90 * RUN_SIGMA / sqrt(runs))
 
-    tps, peak = float(r["tokens_per_s_per_gpu"]), float(r["peak_gib"])
-    nan = float("nan")
-    if r.get("source", "predicted") == "measured":
-        k = math.exp(Z90 * RUN_SIGMA / math.sqrt(max(int(r.get("runs", 1)), 1)))
+    tps, peak, nan = r.tokens_per_s_per_gpu, r.peak_gib, float("nan")
+    if r.source == "measured":
+        k = math.exp(Z90 * RUN_SIGMA / math.sqrt(max(r.runs, 1)))
         (lo, hi), (mlo, mhi), fit = (tps / k, tps * k), (peak, peak), "ran"
     elif bars is None:
         (lo, hi), (mlo, mhi), fit = (nan, nan), (nan, nan), ""
@@ -86,33 +88,28 @@ def _intervals(r: dict[str, Any], bars: ErrorBars | None, hbm_gib: float | None)
             "fit": fit}
 
 
-def front_rows(rows: list[dict[str, Any]], model: ModelSpec, bars: ErrorBars | None = None,
+def front_rows(rows: list[TrialRow], model: ModelSpec, bars: ErrorBars | None = None,
                hbm_gib: float | None = None) -> list[dict[str, Any]]:
     """The Pareto-optimal trials (max tokens/s/GPU, min peak memory), fastest first, as table rows, each with its 90%
     intervals and whether it fits (``bars``: the study's error bars; ``hbm_gib``: the GPU's memory)."""
-    ok = [r for r in rows if "tokens_per_s_per_gpu" in r and "peak_gib" in r]
-    if not ok:
+    if not rows:
         return []
-    thr = np.array([r["tokens_per_s_per_gpu"] for r in ok])
-    mem = np.array([r["peak_gib"] for r in ok])
-    keep = pareto_mask(thr, mem)
+    keep = pareto_mask(np.array([r.tokens_per_s_per_gpu for r in rows]), np.array([r.peak_gib for r in rows]))
     out = []
-    for r in sorted((r for r, k in zip(ok, keep) if k), key=lambda r: -r["tokens_per_s_per_gpu"]):
-        lay = Layout.from_dict(r["layout"])
+    for r in sorted((r for r, k in zip(rows, keep) if k), key=lambda r: -r.tokens_per_s_per_gpu):
+        lay = r.layout
         first, last = lay.num_layers_in_first_pipeline_stage, lay.num_layers_in_last_pipeline_stage
-        nan = float("nan")
         out.append({
-            "trial": r["trial"], "source": r.get("source", "predicted"), "label": lay.label,
+            "trial": r.trial, "source": r.source, "label": lay.label,
             "recompute": lay.recompute_label, "offload": lay.offload_label, "dispatcher": lay.dispatcher.value,
             "micro_batch_size": lay.micro_batch_size,
             "layer_split": "even" if not (first or last) else f"first {first}, last {last}",
             "pipeline_model_parallel_layout": pipeline_layout_of(lay, model),
-            "tokens_per_s_per_gpu": r["tokens_per_s_per_gpu"], "mfu": r.get("mfu", nan),
-            "usd_per_million_tokens": r.get("usd_per_million_tokens", nan), "peak_gib": r["peak_gib"],
-            "headroom_gib": r.get("headroom_gib", nan), "step_time_s": r.get("step_time_s", nan),
-            "runs": int(r.get("runs", 1)), "layout": lay,
+            "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu, "mfu": r.mfu,
+            "usd_per_million_tokens": r.usd_per_million_tokens, "peak_gib": r.peak_gib,
+            "headroom_gib": r.headroom_gib, "step_time_s": r.step_time_s, "runs": r.runs, "layout": lay,
+            **_intervals(r, bars, hbm_gib),
         })
-        out[-1].update(_intervals(out[-1], bars, hbm_gib))
     return out
 
 
@@ -133,9 +130,9 @@ def pick_best(front: list[dict[str, Any]], tie: float = 0.01) -> tuple[dict[str,
     return near[0], near[1:]
 
 
-def long_label(row: dict[str, Any]) -> str:
+def long_label(row: TrialRow) -> str:
     """A row's layout, recompute, dispatcher, micro-batch: ``TP1 PP1 EP2 DP2, sel. core_attn, allgather, mbs 2``."""
-    lay = Layout.from_dict(row["layout"])
+    lay = row.layout
     return f"{lay.label}, {lay.recompute_label}, {lay.dispatcher.value}, mbs {lay.micro_batch_size}"
 
 
@@ -148,15 +145,15 @@ def _positive(v: Any) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
-def _mean_rel_sd(xs: list[float]) -> tuple[float, float]:
+def _mean_rel_sd(xs: Sequence[float]) -> tuple[float, float]:
     """(mean, sample standard deviation / mean) of at least two numbers."""
     mean = sum(xs) / len(xs)
     return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) / mean
 
 
-def _runs(r: dict[str, Any]) -> list[float]:
+def _runs(r: TrialRow) -> list[float]:
     """The throughputs (tokens/s/GPU) of a row's confirmation runs (``runs_tokens_per_s_per_gpu``), valid ones only."""
-    return [float(x) for x in r.get("runs_tokens_per_s_per_gpu") or () if _positive(x)]
+    return [x for x in r.runs_tokens_per_s_per_gpu if _positive(x)]
 
 
 def pooled_spread(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]:
@@ -170,19 +167,19 @@ def pooled_spread(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]
     return (spread if spread is not None and math.isfinite(spread) else None), dof
 
 
-def between_run_noise(rows: list[dict[str, Any]]) -> float | None:
+def between_run_noise(rows: list[TrialRow]) -> float | None:
     """The spread between runs of one layout, pooled over the measured rows run more than once (``--confirm-runs``):
     :func:`pooled_spread` of each row's run throughputs. A fraction; None when no row has two runs."""
-    return pooled_spread([_runs(r) if r.get("source") == "measured" else [] for r in rows])[0]
+    return pooled_spread([_runs(r) if r.source == "measured" else [] for r in rows])[0]
 
 
-def fastest_measured(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def fastest_measured(rows: list[TrialRow]) -> TrialRow | None:
     """The measured row with the highest (finite, positive) ``tokens_per_s_per_gpu``, or None."""
-    measured = [r for r in rows if r.get("source") == "measured" and _positive(r.get("tokens_per_s_per_gpu"))]
-    return max(measured, key=lambda r: float(r["tokens_per_s_per_gpu"])) if measured else None
+    measured = [r for r in rows if r.source == "measured" and _positive(r.tokens_per_s_per_gpu)]
+    return max(measured, key=lambda r: r.tokens_per_s_per_gpu) if measured else None
 
 
-def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z) -> list[dict[str, Any]]:
+def measured_ties(rows: list[TrialRow], best_trial: int, z: float = TIE_Z) -> list[dict[str, Any]]:
     """Measured trials whose throughput is within the trials' own noise of trial ``best_trial``.
 
     A trial's median step time has relative standard error ``sqrt(pi / 2) * CV / sqrt(n)`` (large-sample standard
@@ -198,11 +195,10 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
     """
     pooled = between_run_noise(rows) or 0.0
 
-    def rel_se(r: dict[str, Any]) -> float | None:
-        raw = r.get("step_times_s")
-        if r.get("source") != "measured" or not isinstance(raw, (list, tuple)):
+    def rel_se(r: TrialRow) -> float | None:  # None: not a measured, positive throughput
+        if r.source != "measured" or not _positive(r.tokens_per_s_per_gpu):
             return None
-        t = [float(x) for x in raw if _positive(x)]
+        t = [x for x in r.step_times_s if _positive(x)]
         if len(t) < 3:
             return None
         within = math.sqrt(math.pi / 2.0) * _mean_rel_sd(t)[1] / math.sqrt(len(t))
@@ -213,24 +209,19 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
         between = _mean_rel_sd(runs)[1] / math.sqrt(len(runs))
         return max(between, within / math.sqrt(len(runs)), pooled / math.sqrt(len(runs)))
 
-    def tps(r: dict[str, Any]) -> float | None:
-        v = r.get("tokens_per_s_per_gpu")
-        return float(v) if _positive(v) else None
-
-    best = next((r for r in rows if r.get("trial") == best_trial), None)
+    best = next((r for r in rows if r.trial == best_trial), None)
     se_a = rel_se(best) if best else None
-    a = tps(best) if best else None
-    if best is None or se_a is None or a is None:
+    if best is None or se_a is None:
         return []
-    out = []
+    a, out = best.tokens_per_s_per_gpu, []
     for r in rows:
-        se_b, b = rel_se(r), tps(r)
-        if r is best or se_b is None or b is None:
+        se_b, b = rel_se(r), r.tokens_per_s_per_gpu
+        if r is best or se_b is None:
             continue
         gap = round((a - b) / a, 6) + 0.0  # + 0.0: an exact tie is 0.0, not -0.0
         thr = z * math.sqrt(se_a**2 + se_b**2)
         if abs(gap) <= thr:
-            out.append({"trial": r["trial"], "label": long_label(r), "tokens_per_s_per_gpu": b, "gap": gap,
+            out.append({"trial": r.trial, "label": long_label(r), "tokens_per_s_per_gpu": b, "gap": gap,
                         "threshold": thr})
     return sorted(out, key=lambda d: d["gap"])
 
@@ -240,34 +231,35 @@ def measured_ties(rows: list[dict[str, Any]], best_trial: int, z: float = TIE_Z)
 PREDICTED_TIE = 0.01
 
 
-def predicted_ties(rows: list[dict[str, Any]], best_trial: int, within: float = PREDICTED_TIE) -> list[dict[str, Any]]:
+def predicted_ties(rows: list[TrialRow], best_trial: int,
+                   within: float = PREDICTED_TIE) -> list[tuple[TrialRow, float]]:
     """Predicted trials within ``within`` (a fraction) of predicted trial ``best_trial``'s throughput, fastest first,
-    each with its ``gap`` (best's - its) / best's."""
-    best = next((r for r in rows if r.get("trial") == best_trial), None)
-    if best is None or best.get("source") != "predicted" or not _positive(best.get("tokens_per_s_per_gpu")):
+    each with its gap (best's - its) / best's."""
+    best = next((r for r in rows if r.trial == best_trial), None)
+    if best is None or best.source != "predicted" or not _positive(best.tokens_per_s_per_gpu):
         return []
-    top = float(best["tokens_per_s_per_gpu"])
+    top = best.tokens_per_s_per_gpu
     out = []
     for r in rows:
-        v = r.get("tokens_per_s_per_gpu")
-        if r.get("trial") == best_trial or r.get("source") != "predicted" or not _positive(v) or not r.get("layout"):
+        v = r.tokens_per_s_per_gpu
+        if r.trial == best_trial or r.source != "predicted" or not _positive(v):
             continue
-        gap = (top - float(v)) / top
+        gap = (top - v) / top
         if abs(gap) <= within:
-            out.append({**r, "gap": gap})
-    return sorted(out, key=lambda r: r["gap"])
+            out.append((r, gap))
+    return sorted(out, key=lambda t: t[1])
 
 
-def predicted_ties_text(rows: list[dict[str, Any]], best_trial: int) -> str | None:
+def predicted_ties_text(rows: list[TrialRow], best_trial: int) -> str | None:
     """One sentence naming the predicted trials within :data:`PREDICTED_TIE` of ``best_trial`` (at most 3), or None;
     those predicted not to fit (``headroom_gib`` < 0) are left out and counted."""
     ties = predicted_ties(rows, best_trial)
-    fit = [t for t in ties if not float(t.get("headroom_gib", 0.0)) < 0]
+    fit = [(t, gap) for t, gap in ties if not t.headroom_gib < 0]
     over = len(ties) - len(fit)
     if not fit:
         return None
-    listed = "; ".join(f"trial {t['trial']} ({long_label(t)}): {t['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU "
-                       f"({0.0 - t['gap']:+.1%}), peak {t['peak_gib']:.1f} GiB" for t in fit[:3])
+    listed = "; ".join(f"trial {t.trial} ({long_label(t)}): {t.tokens_per_s_per_gpu:,.1f} tokens/s/GPU "
+                       f"({0.0 - gap:+.1%}), peak {t.peak_gib:.1f} GiB" for t, gap in fit[:3])
     listed += f"; and {len(fit) - 3} more" if len(fit) > 3 else ""
     if over:
         verb = "is" if over == 1 else "are"
@@ -277,7 +269,7 @@ def predicted_ties_text(rows: list[dict[str, Any]], best_trial: int) -> str | No
             "choose on memory, or measure them with real trials")
 
 
-def ties_note(rows: list[dict[str, Any]], trial: int) -> list[str]:
+def ties_note(rows: list[TrialRow], trial: int) -> list[str]:
     """A recipe note naming the measured trials within noise of ``trial`` (:func:`measured_ties`), or, for a predicted
     ``trial``, the predicted ones within :data:`PREDICTED_TIE` (:func:`predicted_ties_text`); ``[]`` when none."""
     pred = predicted_ties_text(rows, trial)
@@ -297,11 +289,10 @@ def ties_note(rows: list[dict[str, Any]], trial: int) -> list[str]:
             f"between runs of one layout that this study measured) of {listed}: the trials cannot rank these layouts."]
 
 
-def runs_summary(row: dict[str, Any]) -> str | None:
+def runs_summary(row: TrialRow) -> str | None:
     """``3 runs: 37,065, 41,577, 39,100 tokens/s/GPU (SD 5.8%); 1 more ran out of memory (150.0 GiB)``, for a
     row with confirmation runs (``--confirm-runs``, :func:`tuner.study.trial_rows`), else None."""
-    runs = [float(x) for x in row.get("runs_tokens_per_s_per_gpu") or ()]
-    failed = row.get("runs_failed") or []
+    runs, failed = row.runs_tokens_per_s_per_gpu, row.runs_failed
     if len(runs) < 2 and not failed:
         return None
     parts = []
@@ -312,22 +303,22 @@ def runs_summary(row: dict[str, Any]) -> str | None:
         parts.append("1 run")
     for f in failed:
         kind = {"oom": "ran out of memory", "timeout": "timed out", "crash": "crashed"}.get(
-            str(f.get("kind")), f"failed ({f.get('kind')})")
-        mem = f.get("memory_reached_gib")
+            str(f.kind), f"failed ({f.kind})")
+        mem = f.memory_reached_gib
         at = f" at {mem:.1f} GiB" if isinstance(mem, (int, float)) and math.isfinite(mem) else ""
-        parts.append(f"confirmation run (trial {f.get('trial')}) {kind}{at}")
+        parts.append(f"confirmation run (trial {f.trial}) {kind}{at}")
     return "; ".join(parts)
 
 
-def runs_note(row: dict[str, Any]) -> list[str]:
+def runs_note(row: TrialRow) -> list[str]:
     """A recipe note on a row's confirmation runs (``--confirm-runs``) and any that failed, else ``[]``."""
     text = runs_summary(row)
     if text is None:
         return []
     note = f"Measured more than once (--confirm-runs): {text}."
-    if len(row.get("runs_tokens_per_s_per_gpu") or ()) >= 2:
+    if len(row.runs_tokens_per_s_per_gpu) >= 2:
         note += " tokens_per_s_per_gpu is their tokens over their time; peak memory the highest run's."
-    if row.get("runs_failed"):
+    if row.runs_failed:
         note += " A run of this same layout failed: check its log before training on it."
     return [note]
 
@@ -420,7 +411,7 @@ def _overlap(a: Any, b: Any) -> float:
     return w * h if w > 0 and h > 0 else 0.0
 
 
-def front_figure(rows: list[dict[str, Any]], front: list[dict[str, Any]], title: str, usable_gib: float,
+def front_figure(rows: list[TrialRow], front: list[dict[str, Any]], title: str, usable_gib: float,
                  labelled: list[dict[str, Any]] | None = None) -> tuple[Any, list[Any]]:
     """(figure, trial-number labels) of :func:`plot_front`: every trial of ``rows`` and the ``front`` (peak GiB vs
     tokens/s/GPU), ``usable_gib`` a dashed line, the trial number next to each row of ``labelled`` (default: the first
@@ -432,9 +423,8 @@ def front_figure(rows: list[dict[str, Any]], front: list[dict[str, Any]], title:
 
     labelled = front[:15] if labelled is None else labelled
     fig, ax = plt.subplots(figsize=(9, 5.6), dpi=120)
-    ok = [r for r in rows if "tokens_per_s_per_gpu" in r]
-    src = {r.get("source", "predicted") for r in ok}
-    ax.scatter([r["peak_gib"] for r in ok], [r["tokens_per_s_per_gpu"] for r in ok], s=_TRIAL_PT, c="#9aa5b1",
+    src = {r.source for r in rows}
+    ax.scatter([r.peak_gib for r in rows], [r.tokens_per_s_per_gpu for r in rows], s=_TRIAL_PT, c="#9aa5b1",
                label="evaluated trials", zorder=2)
     fx = [r["peak_gib"] for r in front]
     fy = [r["tokens_per_s_per_gpu"] for r in front]
@@ -454,8 +444,8 @@ def front_figure(rows: list[dict[str, Any]], front: list[dict[str, Any]], title:
     ax.legend(fontsize=8, loc="lower right")
     # Room for the labels above and left of the front (where no trial lies), then freeze the layout:
     # labels are placed in display coordinates, so nothing may move the axes afterwards.
-    xs = [r["peak_gib"] for r in ok] + [usable_gib]
-    ys = [r["tokens_per_s_per_gpu"] for r in ok]
+    xs = [r.peak_gib for r in rows] + [usable_gib]
+    ys = [r.tokens_per_s_per_gpu for r in rows]
     if ys:
         dx, dy = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or max(ys) or 1.0
         ax.set_xlim(min(xs) - 0.12 * dx, max(xs) + 0.04 * dx)
@@ -469,7 +459,7 @@ def front_figure(rows: list[dict[str, Any]], front: list[dict[str, Any]], title:
     return fig, anns
 
 
-def plot_front(path: Path, rows: list[dict[str, Any]], front: list[dict[str, Any]], title: str, usable_gib: float,
+def plot_front(path: Path, rows: list[TrialRow], front: list[dict[str, Any]], title: str, usable_gib: float,
                labelled: list[dict[str, Any]] | None = None, *, force: bool = False) -> None:
     """The PNG of :func:`front_figure`.
 

@@ -13,13 +13,16 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cost_model.types import Estimate
 from specs.errors import TunerError
 from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 from tuner.plots import breakdown_figures, front_trend
+
+if TYPE_CHECKING:
+    from tuner.study.records import TrialRow
 
 __all__ = ["NEAR_BEST", "ReportUnavailable", "plotly_bundle", "render_report", "study_report", "write_report"]
 
@@ -61,19 +64,17 @@ def _split(lay: Layout) -> str:
     return "even" if not (f or last) else f"{f}/{last}"
 
 
-def _row(r: Mapping[str, Any]) -> dict[str, Any]:
+def _row(r: TrialRow) -> dict[str, Any]:
     """A trial row as the page's data: flat, JSON-safe, with its hover text."""
-    lay = Layout.from_dict(r["layout"])
-    tps, peak = _num(r.get("tokens_per_s_per_gpu")), _num(r.get("peak_gib"))
-    src = str(r.get("source", "predicted"))
+    lay = r.layout
+    tps, peak, src = _num(r.tokens_per_s_per_gpu), _num(r.peak_gib), r.source
     out: dict[str, Any] = {
-        "trial": int(r["trial"]), "label": lay.label, "recompute": lay.recompute_label, "offload": lay.offload_label,
+        "trial": r.trial, "label": lay.label, "recompute": lay.recompute_label, "offload": lay.offload_label,
         "dispatcher": lay.dispatcher.value, "pp": lay.pp, "vpp": lay.vpp, "mbs": lay.micro_batch_size,
         "split": _split(lay),
-        "tps": tps, "peak": peak, "headroom": _num(r.get("headroom_gib")), "step": _num(r.get("step_time_s")),
-        "source": src, "mfu": _num(r.get("mfu")), "usd": _num(r.get("usd_per_million_tokens")),
-        "pred_tps": _num(r.get("pred_tokens_per_s_per_gpu")), "pred_peak": _num(r.get("pred_peak_gib")),
-        "runs": int(r.get("runs", 1)),
+        "tps": tps, "peak": peak, "headroom": _num(r.headroom_gib), "step": _num(r.step_time_s),
+        "source": src, "mfu": _num(r.mfu), "usd": _num(r.usd_per_million_tokens),
+        "pred_tps": _num(r.pred_tokens_per_s_per_gpu), "pred_peak": _num(r.pred_peak_gib), "runs": r.runs,
     }
     lines = [f"<b>trial {out['trial']}</b>: {lay.label}",
              f"{lay.recompute_label}, offload {lay.offload_label}, {lay.dispatcher.value}, mbs {lay.micro_batch_size}, "
@@ -275,7 +276,7 @@ def _fmt(v: float | None, d: int) -> str:
     return "-" if v is None else f"{v:,.{d}f}"
 
 
-def render_report(*, study: str, heading: str, rows: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]],
+def render_report(*, study: str, heading: str, rows: Sequence[TrialRow], front: Sequence[Mapping[str, Any]],
                   breakdowns: Mapping[int, Estimate], usable_gib: float, ties: Sequence[Mapping[str, Any]] = (),
                   ties_of: int | None = None, files: Mapping[str, str] | None = None, notes: Sequence[str] = (),
                   near_best: float = NEAR_BEST) -> str:
@@ -292,7 +293,7 @@ def render_report(*, study: str, heading: str, rows: Sequence[Mapping[str, Any]]
 
     Raises:
         TunerError: plotly's bundle cannot be read."""
-    data_rows = [_row(r) for r in rows if "layout" in r]
+    data_rows = [_row(r) for r in rows]
     by_trial = {r["trial"]: r for r in data_rows}
     front_d = [by_trial[int(f["trial"])] for f in front if int(f["trial"]) in by_trial]
     sources = {r["source"] for r in data_rows}
@@ -413,7 +414,7 @@ def write_report(path: Path, *, force: bool = False, **kwargs: Any) -> Path:
     return write_output(path, render_report(**kwargs), force=force)
 
 
-def study_report(path: Path, *, study: str, model: Any, cluster: Any, workload: Any, rows: Sequence[Mapping[str, Any]],
+def study_report(path: Path, *, study: str, model: Any, cluster: Any, workload: Any, rows: list[TrialRow],
                  front: Sequence[Mapping[str, Any]], backend: str, calibration: Any = None,
                  memory_headroom: float = DEFAULT_MEMORY_HEADROOM, files: Mapping[str, Path] | None = None,
                  force: bool = False) -> Path:
@@ -436,20 +437,18 @@ def study_report(path: Path, *, study: str, model: Any, cluster: Any, workload: 
     opts = run_options_for_backend(backend)
     breakdowns: dict[int, Estimate] = {}
     for f in front:
-        lay = f["layout"] if isinstance(f["layout"], Layout) else Layout.from_dict(f["layout"])
         try:
-            breakdowns[int(f["trial"])] = estimate(model, cluster, workload, lay, calibration=cal,
+            breakdowns[int(f["trial"])] = estimate(model, cluster, workload, f["layout"], calibration=cal,
                                                    memory_headroom=memory_headroom, options=opts)
         # a layout the estimate refuses (a study of another version): no breakdown
         except (InfeasibleLayout, TunerError):
             continue
-    as_dicts = [dict(r) for r in rows]
-    best = fastest_measured(as_dicts)
-    ties = measured_ties(as_dicts, best["trial"]) if best else []
+    best = fastest_measured(rows)
+    ties = measured_ties(rows, best.trial) if best else []
     rel = {name: os.path.relpath(p, path.parent) for name, p in (files or {}).items()}
     heading = (f"{model.name} on {cluster.label} ({cluster.num_gpus} GPUs, {cluster.gpu.hbm_bytes / GIB:.1f} GiB "
                f"each), seq {workload.seq_length:,}, global batch {workload.global_batch_size}, "
                f"{workload.precision.value}; backend {backend}; {len(rows):,} layouts evaluated")
     return write_report(path, force=force, study=study, heading=heading, rows=rows, front=front, breakdowns=breakdowns,
                         usable_gib=cluster.gpu.hbm_bytes * (1 - memory_headroom) / GIB, ties=ties,
-                        ties_of=best["trial"] if best else None, files=rel)
+                        ties_of=best.trial if best else None, files=rel)

@@ -45,7 +45,7 @@ from specs.layout import Layout
 from specs.model import slice_model
 from tuner.report import pooled_spread
 
-__all__ = ["NO_TE_CALIBRATION_FILE", "TrialPrediction", "TrialRow", "json_lines", "predict_trials", "read_trials",
+__all__ = ["NO_TE_CALIBRATION_FILE", "SweepRow", "TrialPrediction", "json_lines", "predict_trials", "read_trials",
            "run_spread", "summarize_trials"]
 
 #: Constants of the no-TE trial harness (megatron-core's local spec, SequentialMLP experts): fitted by
@@ -56,7 +56,7 @@ _MODEL_FIELD = re.compile(r"\s*(?P<name>[^\[]+?)\s*(?:\[(?P<layers>\d+) layers?\
 
 
 @dataclass(slots=True)
-class TrialRow:
+class SweepRow:
     """One finished row of a sweep file, ready to predict."""
 
     source: str
@@ -78,7 +78,7 @@ class TrialRow:
 class TrialPrediction:
     """A row and its prediction (step time, peak memory against the reserved peak)."""
 
-    row: TrialRow
+    row: SweepRow
     step_time_s: float
     peak_gib: float
     calibration: str
@@ -247,13 +247,13 @@ def _check_ran_model(d: dict[str, Any], model: ModelSpec, where: str) -> None:
                          f"(run_options.transformer.fp8 {ran.get('fp8')!r}); give its precision (fp8)")
 
 
-def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
+def read_trials(paths: list[str | Path]) -> tuple[list[SweepRow], list[str]]:
     """``(rows, skipped)`` of sweep JSON-lines files: the finished rows and one line per row left out.
 
     Raises:
         TunerError: a file given twice or unreadable, a line that is not a JSON object, a row without a layout or of a
             model that is not a bundled preset (or a slice of one)."""
-    rows: list[TrialRow] = []
+    rows: list[SweepRow] = []
     skipped: list[str] = []
     seen: dict[Path, str] = {}
     for path in paths:
@@ -283,8 +283,8 @@ def read_trials(paths: list[str | Path]) -> tuple[list[TrialRow], list[str]]:
     return rows, skipped
 
 
-def _read_row(d: dict[str, Any], where: str, label: str, source: str) -> TrialRow | str:
-    """A sweep row as a :class:`TrialRow`, or why it is left out."""
+def _read_row(d: dict[str, Any], where: str, label: str, source: str) -> SweepRow | str:
+    """A sweep row as a :class:`SweepRow`, or why it is left out."""
     if not isinstance(d.get("layout"), dict) and d.get("status") in ("skipped", "refused"):
         return f"status {d.get('status')!r} ({str(d.get('reason') or d.get('message') or '')[:80]})"
     if not isinstance(d.get("layout"), dict):
@@ -320,7 +320,7 @@ def _read_row(d: dict[str, Any], where: str, label: str, source: str) -> TrialRo
         raise TunerError(f"{where}: {e}") from None
     ran_as = (cluster.num_gpus, cluster.gpus_per_node, cluster.gpu.name, *_timing_settings(d))
     peak_allocated = float(d["peak_allocated_gib"]) if _pos(d.get("peak_allocated_gib")) else None
-    return TrialRow(source=source, label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,
+    return SweepRow(source=source, label=label, model=model, gpus=str(d["gpus"]), workload=wl, layout=lay,
                     options=_options(d, te), transformer_engine=te, step_time_s=float(d["step_time_s"]),
                     peak_reserved_gib=float(d["peak_reserved_gib"]), peak_allocated_gib=peak_allocated,
                     extra={"ran_as": ran_as})
@@ -330,7 +330,7 @@ def _pos(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
-def predict_trials(rows: list[TrialRow], calibration: str | Path | None = None) -> list[TrialPrediction]:
+def predict_trials(rows: list[SweepRow], calibration: str | Path | None = None) -> list[TrialPrediction]:
     """Predict each row with the calibration of its stack (``calibration`` for all when given).
 
     Raises:
@@ -378,7 +378,7 @@ def _timing_settings(d: dict[str, Any]) -> tuple[bool, ...]:
     return tuple(any(w.get(k) not in (None, False, 0) for w in where) for k in TIMING_SETTINGS)
 
 
-def _configuration(r: TrialRow) -> tuple[Any, ...]:
+def _configuration(r: SweepRow) -> tuple[Any, ...]:
     """What ran, without where it was written: two rows with the same key are runs of one layout (the GPUs as parsed,
     so ``1xh200`` and ``1xH200`` are one machine; the harness settings of :data:`TIMING_SETTINGS` apart)."""
     return (r.model, r.extra.get("ran_as", r.gpus), r.workload, r.layout, r.options, r.transformer_engine)

@@ -12,7 +12,6 @@ from launch.exporters._megatron import MegatronArgsExporter, megatron_args_scrip
 from launch.exporters._recipe import (
     RecipeExporter,
     dump_recipe,
-    measurement_from_row,
     recipe_dict,
     recipe_schema,
     validate_recipe,
@@ -23,7 +22,7 @@ from launch.exporters._slime import SLIME_SCRIPT_ENV, SlimeScriptExporter, slime
 
 __all__ = ["BridgeExporter", "ExportContext", "Exporter", "MegatronArgsExporter", "RecipeExporter", "SLIME_SCRIPT_ENV",
            "SlimeScriptExporter", "bridge_left_out", "dump_recipe", "bridge_yaml", "exporter_names", "exporters",
-           "get_exporter", "main_job_exporters", "measurement_from_row", "megatron_args_script", "recipe_dict",
+           "get_exporter", "main_job_exporters", "megatron_args_script", "recipe_dict",
            "recipe_schema", "register_exporter", "slime_script", "validate_recipe", "write_recipe"]
 
 register_exporter(RecipeExporter())

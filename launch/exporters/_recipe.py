@@ -34,8 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from cost_model.types import Estimate
     from launch.base import Measurement
 
-__all__ = ["recipe_dict", "dump_recipe", "write_recipe", "validate_recipe", "recipe_schema", "measurement_from_row",
-           "RecipeExporter"]
+__all__ = ["recipe_dict", "dump_recipe", "write_recipe", "validate_recipe", "recipe_schema", "RecipeExporter"]
 
 _STACK_FRAMEWORK = "slime or Megatron-LM (a version with --pipeline-model-parallel-layout and the megatron_core below)"
 _PREDICTION_SOURCE = "analytical cost model (cost_model/)"
@@ -85,25 +84,6 @@ def _date(value: Any) -> _dt.date:
     if isinstance(value, str):
         return _dt.date.fromisoformat(value)
     return _dt.date.today()
-
-
-def measurement_from_row(row: Mapping[str, Any], layout: Layout) -> Measurement | None:
-    """The :class:`Measurement` of a study's trial row (from :func:`tuner.study.trial_rows`), or None if it was
-    predicted."""
-    from launch.base import Measurement
-
-    if row.get("source") != "measured":
-        return None
-    return Measurement(
-        layout=layout,
-        source="measured",
-        tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
-        peak_bytes=float(row["peak_gib"]) * GIB,
-        step_times_s=tuple(float(x) for x in row.get("step_times_s", ())),
-        losses=tuple(float(x) for x in row.get("losses", ())),
-        log_path=str(row.get("log_path", "")),
-        extra={"measured": row.get("measured")},
-    )
 
 
 def _result(measurement: Measurement, model: ModelSpec, cluster: Cluster, task: str) -> dict[str, Any]:

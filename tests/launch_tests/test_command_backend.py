@@ -391,5 +391,5 @@ def test_a_measurement_above_the_gpus_peak_is_flagged_and_kept_out_of_the_best(t
         assert fail["kind"] == "implausible" and "{global_batch_size} and {seq_length}" in fail["message"]
     assert mfu_bad["result"]["mfu"] > 1 and "MFU" in mfu_bad["message"]
     assert floor_bad["result"]["mfu"] < 1 and "by more than its error bar" in floor_bad["message"]
-    assert [r["trial"] for r in trial_rows(st)] == [0]  # the front and the best hold only the plausible trial
+    assert [r.trial for r in trial_rows(st)] == [0]  # the front and the best hold only the plausible trial
     assert (tmp_path / "res" / "c" / "recipe.yaml").is_file()

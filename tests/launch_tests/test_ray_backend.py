@@ -168,8 +168,8 @@ def test_a_study_runs_ray_trials_two_at_a_time(ray_cluster, tmp_path):
     fake = {"FAKE_BARRIER": f"{tmp_path / 'barrier'}:2", "FAKE_REPORT_STEP_S": "1.0"}
     res = run_study(prepare(cfg), backend=_backend(ray_cluster, tmp_path / "r", fake))
     rows = trial_rows(res.study)
-    keys = [r["key"] for r in rows]
-    assert len(rows) >= 2 and len(set(keys)) == len(keys) and all(r["source"] == "measured" for r in rows)
+    keys = [r.key for r in rows]
+    assert len(rows) >= 2 and len(set(keys)) == len(keys) and all(r.source == "measured" for r in rows)
     assert not [t for t in res.study.trials if t.state == optuna.trial.TrialState.FAIL]
     assert len(os.listdir(tmp_path / "barrier")) >= 2
 

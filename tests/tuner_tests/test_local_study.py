@@ -109,18 +109,11 @@ def test_measured_trials_land_in_the_study(measured_study):
     rows = trial_rows(res.study)
     assert res.evaluated_now >= 3 and rows
     for r in rows:
-        assert r["source"] == "measured" and r["tokens_per_s_per_gpu"] > 0 and r["peak_gib"] == 90.0
-        assert {
-            "pred_tokens_per_s_per_gpu",
-            "pred_peak_gib",
-            "pred_step_time_s",
-            "layout",
-            "step_times_s",
-            "log_path",
-        } <= set(r)
-        assert Path(r["log_path"], "steps.jsonl").exists()
+        assert r.source == "measured" and r.tokens_per_s_per_gpu > 0 and r.peak_gib == 90.0
+        assert r.pred_tokens_per_s_per_gpu > 0 and r.pred_peak_gib > 0 and r.step_times_s and r.log_path
+        assert Path(r.log_path, "steps.jsonl").exists()
     # nothing the harness cannot run here (flex without DeepEP) was enqueued
-    assert all("flex" not in r["layout"]["dispatcher"] for r in rows)
+    assert all("flex" not in r.layout.dispatcher.value for r in rows)
 
 
 def test_pruning_saves_time(tmp_path, one_fast, monkeypatch):
@@ -198,7 +191,7 @@ def test_interrupt_keeps_finished_trials_and_resumes(tmp_path, slow_tp):
     assert len(trial_rows(st)) == 2
     (cut,) = [t for t in st.trials if t.state == optuna.trial.TrialState.FAIL]
     res = run_study(prepare(_cfg(tmp_path, prune_margin=None)), backend=_backend(tmp_path, steps=4))
-    keys = [r["key"] for r in trial_rows(res.study)]
+    keys = [r.key for r in trial_rows(res.study)]
     assert len(keys) == len(set(keys)) > 2
     # the layout that was being measured when the run was interrupted is measured on resume
     assert cut.user_attrs["key"] in keys
@@ -259,7 +252,7 @@ def test_recalibrates_as_it_goes_and_reranks_the_queue(recalibrated_study):
     assert recs[0]["step_median_abs_error"] is not None and len(recs[0]["next"]) >= 1
     later = [t for t in res.study.trials if "after recalibration" in str(t.user_attrs.get("enqueued", ""))]
     assert later, "no trial came from the re-ranked queue"
-    keys = [r["key"] for r in trial_rows(res.study)]
+    keys = [r.key for r in trial_rows(res.study)]
     assert len(keys) == len(set(keys))
 
 
@@ -296,13 +289,13 @@ def test_confirm_runs_remeasure_the_finalists_interleaved_and_report_the_mean(tm
     monkeypatch.setenv("FAKE_REPORT_STEP_S", "2.0")  # every layout the same plausible step time: the finalists tie
     res = run_study(prepare(_cfg(tmp_path, prune_margin=None, trials=4, confirm_runs=2)), backend=_backend(tmp_path))
     rows = trial_rows(res.study)
-    keys = [r["key"] for r in rows]
+    keys = [r.key for r in rows]
     assert len(keys) == len(set(keys))  # a confirmation run is not a row of its own
-    confirmed = [r for r in rows if r.get("runs") == 3]
+    confirmed = [r for r in rows if r.runs == 3]
     assert 2 <= len(confirmed) <= 4 and res.confirmed_now == 2 * len(confirmed)
     for r in confirmed:
-        runs = r["runs_tokens_per_s_per_gpu"]
-        assert len(runs) == 3 and r["tokens_per_s_per_gpu"] == pytest.approx(3 / sum(1 / x for x in runs))
+        runs = r.runs_tokens_per_s_per_gpu
+        assert len(runs) == 3 and r.tokens_per_s_per_gpu == pytest.approx(3 / sum(1 / x for x in runs))
     # interleaved: A B C A B C, each run of a layout in a log folder of its own
     reps = [t for t in res.study.trials if "repeat_of" in t.user_attrs]
     order = [t.user_attrs["repeat_of"] for t in sorted(reps, key=lambda t: t.number)]
@@ -320,7 +313,7 @@ def test_confirm_runs_remeasure_the_finalists_interleaved_and_report_the_mean(tm
         3,
     } and "runs" in csv_path.read_text().splitlines()[0]
     r = CliRunner().invoke(
-        app, ["export", "--study", "s", "--results-dir", str(tmp_path), "--trial", str(confirmed[0]["trial"])]
+        app, ["export", "--study", "s", "--results-dir", str(tmp_path), "--trial", str(confirmed[0].trial)]
     )
     assert r.exit_code == 0 and "Measured more than once (--confirm-runs): 3 runs" in r.output
 
@@ -355,7 +348,7 @@ def test_confirmation_waits_for_queued_search_trials(tmp_path, monkeypatch):
 
     st = res.study
     index = CandidateIndex(prep.enumeration.valid, prep.fits)
-    done = {r["key"] for r in trial_rows(st)}
+    done = {r.key for r in trial_rows(st)}
     fresh = [
         int(i)
         for i in np.flatnonzero(prep.fits)
@@ -406,8 +399,8 @@ def test_a_failed_confirmation_run_is_reported_and_confirmation_tops_up(tmp_path
     )
     prep = prepare(_cfg(tmp_path, prune_margin=None, trials=1, confirm_runs=2))
     res = run_study(prep, backend=b)
-    (row,) = [r for r in trial_rows(res.study) if r["trial"] == 0]
-    assert row["runs"] == 2 and [f["kind"] for f in row["runs_failed"]] == ["oom"]
+    (row,) = [r for r in trial_rows(res.study) if r.trial == 0]
+    assert row.runs == 2 and [f.kind for f in row.runs_failed] == ["oom"]
     (note,) = runs_note(row)
     assert "ran out of memory at 150.0 GiB" in note and "check its log" in note
     r = CliRunner().invoke(app, ["pareto", "--study", "s", "--results-dir", str(tmp_path)])

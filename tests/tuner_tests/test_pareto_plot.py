@@ -10,25 +10,17 @@ from matplotlib.text import Text
 
 from specs.layout import Layout
 from tuner.report import front_figure, front_rows, plot_front
+from tuner.study import TrialRow
 
 pytestmark = pytest.mark.slow  # a study of its own (module fixture)
 
 
-def _row(trial: int, gib: float, tps: float) -> dict:
-    return {
-        "trial": trial,
-        "source": "predicted",
-        "layout": Layout(world_size=8).to_dict(),
-        "peak_gib": gib,
-        "tokens_per_s_per_gpu": tps,
-        "mfu": 0.1,
-        "usd_per_million_tokens": 1.0,
-        "headroom_gib": 10.0,
-        "step_time_s": 1.0,
-    }
+def _row(trial: int, gib: float, tps: float) -> TrialRow:
+    return TrialRow(trial=trial, layout=Layout(world_size=8), peak_gib=gib, tokens_per_s_per_gpu=tps, mfu=0.1,
+                    usd_per_million_tokens=1.0, headroom_gib=10.0, step_time_s=1.0)
 
 
-def _crowded(n_front: int = 30, n_behind: int = 120) -> list[dict]:
+def _crowded(n_front: int = 30, n_behind: int = 120) -> list[TrialRow]:
     """A front of ``n_front`` trials packed into 2 GiB and 3% of throughput, and trials behind it."""
     rows = [_row(100 + i, 60.0 + 2.0 * i / n_front, 2000.0 + 60.0 * math.sqrt(i / n_front)) for i in range(n_front)]
     rows += [_row(500 + j, 60.0 + (j % 17) * 0.9, 1500.0 + (j * 37 % 500)) for j in range(n_behind)]

@@ -11,8 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from launch import Measurement, TrialBackend
+from specs import Layout
 from tuner.cli import app
-from tuner.study import TuneConfig, open_storage, prepare, run_study, trial_rows
+from tuner.study import TrialRecord, TrialRow, TuneConfig, open_storage, prepare, run_study, trial_rows
 from tuner.study.policy import GainPolicy, PolicyParams
 
 
@@ -224,14 +225,14 @@ def test_a_study_under_the_policy_stops_itself_and_counts_gpu_hours(tmp_path):
     assert res.stop_note is not None and res.stop_note.startswith(f"stopped after {backend.runs} trials")
     assert backend.runs < 30 and res.gpu_hours_now == pytest.approx(backend.runs * 100 * 8 / 3600)
     rows = trial_rows(res.study)
-    best = max(rows, key=lambda r: r["tokens_per_s_per_gpu"])
-    assert best["layout"]["tp"] == 1
-    assert all(r.get("gpu_hours") is None or r["gpu_hours"] > 0 for r in rows)
+    best = max(rows, key=lambda r: r.tokens_per_s_per_gpu)
+    assert best.layout.tp == 1
+    ran = [TrialRecord.of(t).gpu_hours for t in res.study.trials if t.number in {r.trial for r in rows}]
+    assert ran and all(h is not None and h > 0 for h in ran)
 
 
 def test_the_users_launch_is_measured_first_under_the_policy(tmp_path):
     """`tune --from`: the launch (TP 4, surely slower here, so never the policy's own pick) is trial 0, measured."""
-    from specs import Layout
 
     launch = Layout.from_dict(
         {"world_size": 8, "tp": 4, "pp": 1, "ep": 2, "micro_batch_size": 1, "sequence_parallel": True}
@@ -239,25 +240,26 @@ def test_the_users_launch_is_measured_first_under_the_policy(tmp_path):
     prep = prepare(_cfg(tmp_path, baseline=launch.to_dict()))
     assert prep.baseline_row is not None
     res = run_study(prep, backend=_Truth())
-    rows = sorted(trial_rows(res.study), key=lambda r: r["trial"])
+    rows = sorted(trial_rows(res.study), key=lambda r: r.trial)
     first = rows[0]
-    assert first["trial"] == 0 and first["source"] == "measured"
-    assert (first["layout"]["tp"], first["layout"]["ep"], first["layout"]["micro_batch_size"]) == (4, 2, 1)
+    assert first.trial == 0 and first.source == "measured"
+    assert (first.layout.tp, first.layout.ep, first.layout.micro_batch_size) == (4, 2, 1)
     assert (
         sum(
             1
             for r in rows
-            if (r["layout"]["tp"], r["layout"]["ep"], r["layout"]["micro_batch_size"]) == (4, 2, 1)
-            and r["layout"]["recompute_granularity"] == "none"
+            if (r.layout.tp, r.layout.ep, r.layout.micro_batch_size) == (4, 2, 1)
+            and r.layout.recompute_granularity.value == "none"
         )
         == 1
     )  # not measured twice
     from tuner.cli._from import compare_line
+    from tuner.report import front_rows
 
-    best = max(rows, key=lambda r: r["tokens_per_s_per_gpu"])
+    best = front_rows([max(rows, key=lambda r: r.tokens_per_s_per_gpu)], prep.model)[0]
     line = compare_line(prep, best, rows)  # the launch's measurement, not its prediction, against the measured best
-    assert line.startswith(f"your launch (trial 0): {first['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU measured"), line
-    assert f"{best['tokens_per_s_per_gpu'] / first['tokens_per_s_per_gpu'] - 1:+.0%}" in line
+    assert line.startswith(f"your launch (trial 0): {first.tokens_per_s_per_gpu:,.1f} tokens/s/GPU measured"), line
+    assert f"{best['tokens_per_s_per_gpu'] / first.tokens_per_s_per_gpu - 1:+.0%}" in line
 
 
 def test_a_study_under_the_policy_keeps_to_its_gpu_hours(tmp_path):
@@ -351,7 +353,7 @@ def test_a_pruned_trial_is_fed_back_as_its_steps_median(tmp_path):
     res = run_study(prepare(_cfg(tmp_path)), backend=_Pruning())
     assert res.pruned_now >= 1 and res.stop_note is not None  # the policy read the pruned steps and went on to its stop
     best = res.study.user_attrs["policy_best_trial"]
-    assert next(r for r in trial_rows(res.study) if r["trial"] == best)["layout"]["ep"] > 1
+    assert next(r for r in trial_rows(res.study) if r.trial == best).layout.ep > 1
 
 
 def test_a_refused_budget_leaves_no_study(tmp_path):
@@ -364,16 +366,15 @@ def test_the_default_trial_of_export_is_the_main_jobs_best(tmp_path):
     from tuner.report import pick_trial_row
 
     rows = [
-        {"trial": 0, "tokens_per_s_per_gpu": 10.0, "peak_gib": 1.0, "layout": {"world_size": 8}},
-        {"trial": 1, "tokens_per_s_per_gpu": 20.0, "peak_gib": 2.0, "layout": {"world_size": 8}},
+        TrialRow(trial=0, tokens_per_s_per_gpu=10.0, peak_gib=1.0, layout=Layout(world_size=8)),
+        TrialRow(trial=1, tokens_per_s_per_gpu=20.0, peak_gib=2.0, layout=Layout(world_size=8)),
     ]
     from specs import load_model
 
-    assert pick_trial_row("s", rows, load_model("Llama-3.1-8B"), None, "export", best=0)["trial"] == 0
+    assert pick_trial_row("s", rows, load_model("Llama-3.1-8B"), None, "export", best=0).trial == 0
 
 
 def test_the_best_is_one_that_fits_when_it_can():
-    from specs import Layout
     from tuner.report import pick_best
 
     def row(trial, tps, peak, fit, headroom):
@@ -427,7 +428,6 @@ class _OomOnMbs2(_Truth):
 
 def test_the_study_feeds_measured_peaks_and_out_of_memory_to_the_policy(tmp_path, monkeypatch):
     from cost_model.estimate import estimate
-    from specs import Layout
     from tuner.study import policy as policy_mod
 
     seen: list[tuple[int, float | None, bool]] = []
@@ -440,10 +440,10 @@ def test_the_study_feeds_measured_peaks_and_out_of_memory_to_the_policy(tmp_path
     monkeypatch.setattr(policy_mod.GainPolicy, "observe", spy)
     prep = prepare(_cfg(tmp_path, trials=6))
     res = run_study(prep, backend=_OomOnMbs2())
-    rows = {r["trial"]: r for r in trial_rows(res.study)}
+    rows = {r.trial: r for r in trial_rows(res.study)}
     assert any(oom for _, _, oom in seen) and any(p is not None for _, p, _ in seen)
     for r in rows.values():
-        if r.get("source") == "measured":  # its peak, in bytes, as the backend measured it (stored in GiB)
-            lay = Layout.from_dict(r["layout"])
+        if r.source == "measured":  # its peak, in bytes, as the backend measured it (stored in GiB)
+            lay = r.layout
             want = estimate(prep.model, prep.cluster, prep.workload, lay).peak_bytes
             assert any(p is not None and p == pytest.approx(want, rel=1e-3) for _, p, _ in seen)

@@ -11,7 +11,6 @@ import pytest
 from typer.testing import CliRunner
 
 from cost_model.estimate import estimate
-from specs.layout import Layout
 from tuner.cli import app
 from tuner.study import trial_rows
 
@@ -105,24 +104,24 @@ def test_every_trial_is_on_the_page_with_its_numbers(page):
     p, _, st = page
     rows = trial_rows(st)
     data = _json_script(p, "report-data")
-    assert sorted(r["trial"] for r in data["rows"]) == sorted(r["trial"] for r in rows)
-    by = {r["trial"]: r for r in rows}
+    assert sorted(r["trial"] for r in data["rows"]) == sorted(r.trial for r in rows)
+    by = {r.trial: r for r in rows}
     for r in data["rows"]:
-        assert r["tps"] == pytest.approx(by[r["trial"]]["tokens_per_s_per_gpu"]) and r["peak"] == pytest.approx(
-            by[r["trial"]]["peak_gib"]
+        assert r["tps"] == pytest.approx(by[r["trial"]].tokens_per_s_per_gpu) and r["peak"] == pytest.approx(
+            by[r["trial"]].peak_gib
         )
         assert f"trial {r['trial']}" in r["hover"] and r["label"] in r["hover"]
     fig = _json_script(p, "fig-front-spec")
     assert fig["data"][0]["name"] == "evaluated trials" and sorted(fig["data"][0]["customdata"]) == sorted(by)
     assert fig["data"][1]["name"] == "Pareto front" and set(fig["data"][1]["customdata"]) == set(data["front"])
     # the fastest on the front: of trials equally fast, the one with less memory (the other is not Pareto-optimal)
-    fastest = max(rows, key=lambda r: (r["tokens_per_s_per_gpu"], -r["peak_gib"]))
-    assert fig["data"][2]["name"] == f"fastest: trial {fastest['trial']}"
+    fastest = max(rows, key=lambda r: (r.tokens_per_s_per_gpu, -r.peak_gib))
+    assert fig["data"][2]["name"] == f"fastest: trial {fastest.trial}"
 
 
 def test_the_filters_list_the_study_s_values(page):
     p, _, st = page
-    lays = [Layout.from_dict(r["layout"]) for r in trial_rows(st)]
+    lays = [r.layout for r in trial_rows(st)]
     assert p.selects["f-dispatcher"] == ["", *sorted({x.dispatcher.value for x in lays})]
     assert p.selects["f-recompute"] == ["", *sorted({x.recompute_label for x in lays})]
     assert p.selects["f-pp"] == ["", *[str(v) for v in sorted({x.pp for x in lays})]]
@@ -131,11 +130,11 @@ def test_the_filters_list_the_study_s_values(page):
 def test_the_layout_with_the_most_headroom_within_5_percent(page):
     p, _, st = page
     rows = trial_rows(st)
-    best = max(r["tokens_per_s_per_gpu"] for r in rows)
-    near = [r for r in rows if r["tokens_per_s_per_gpu"] >= 0.95 * best]
-    pick = max(near, key=lambda r: r["headroom_gib"])
-    assert p.text_of["near-answer"].startswith(f"trial {pick['trial']} ({pick['label']}")
-    assert f"{pick['headroom_gib']:.1f} GiB of headroom" in p.text_of["near-answer"]
+    best = max(r.tokens_per_s_per_gpu for r in rows)
+    near = [r for r in rows if r.tokens_per_s_per_gpu >= 0.95 * best]
+    pick = max(near, key=lambda r: r.headroom_gib)
+    assert p.text_of["near-answer"].startswith(f"trial {pick.trial} ({pick.layout.label}")
+    assert f"{pick.headroom_gib:.1f} GiB of headroom" in p.text_of["near-answer"]
     assert p.text_of["near-count"] == str(len(near))
     body = p.text_of["near-body"]  # every one of them is listed (no silent cut)
     assert body.count("predicted") + body.count("measured") == len(near)
@@ -143,23 +142,23 @@ def test_the_layout_with_the_most_headroom_within_5_percent(page):
 
 def test_the_breakdowns_add_up_to_each_front_layout_s_estimate(page):
     p, _, st = page
-    rows = {r["trial"]: r for r in trial_rows(st)}
+    rows = {r.trial: r for r in trial_rows(st)}
     data = _json_script(p, "report-data")
     mem, tim = _json_script(p, "fig-memory-spec"), _json_script(p, "fig-time-spec")
     assert mem["layout"]["barmode"] == tim["layout"]["barmode"] == "stack"
     xs = mem["data"][0]["x"]
     trials = [int(x.split()[0][1:]) for x in xs]
     assert set(trials) == set(data["front"])
-    peaks = [rows[t]["peak_gib"] for t in trials]
+    peaks = [rows[t].peak_gib for t in trials]
     assert peaks == sorted(peaks)  # the front, least memory first
     from specs import Workload, load_model, parse_gpus
 
     m, c, w = load_model("MiniMax-M2"), parse_gpus("64xH200"), Workload(seq_length=8192, global_batch_size=128)
     for i, t in enumerate(trials):
-        e = estimate(m, c, w, Layout.from_dict(rows[t]["layout"]))
+        e = estimate(m, c, w, rows[t].layout)
         assert sum(tr["y"][i] for tr in mem["data"]) == pytest.approx(e.peak_gib, rel=1e-9)
         assert sum(tr["y"][i] for tr in tim["data"]) == pytest.approx(e.step_time_s, rel=1e-9)
-        assert e.step_time_s == pytest.approx(rows[t]["step_time_s"], rel=1e-12)  # the trial recorded the same estimate
+        assert e.step_time_s == pytest.approx(rows[t].step_time_s, rel=1e-12)  # the trial recorded the same estimate
     assert {tr["meta"]["part"] for tr in tim["data"]} >= {"compute", "recompute", "pp_bubble", "ep_comm"}
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from specs.layout import Layout
 from tuner.cli import _front
 from tuner.report import measured_ties
+from tuner.study import TrialRow
 
 # The search of 2026-11-30 on 2 x H200 (benchmarks/results/h200_x2_2026-11-30/step_times_search20.jsonl):
 # post-warm-up step times (s) of trial 2 (reported best) and trial 0 (none/allgather, 2.1% slower)
@@ -17,13 +19,8 @@ NONE_AG = [0.98, 0.93, 0.98, 0.98, 0.99, 0.92, 0.97, 0.95, 0.90, 1.04]
 def _row(trial, times, source="measured", **lay):
     layout = Layout(world_size=2, ep=2, micro_batch_size=2, **lay)
     med = sorted(times)[len(times) // 2] if times else 1.0
-    return {
-        "trial": trial,
-        "source": source,
-        "layout": layout.to_dict(),
-        "step_times_s": list(times),
-        "tokens_per_s_per_gpu": 65536 / 2 / med,
-    }
+    return TrialRow(trial=trial, source=source, layout=layout, step_times_s=tuple(times),
+                    tokens_per_s_per_gpu=65536 / 2 / med, peak_gib=100.0)
 
 
 def test_a_trial_within_noise_ties_and_a_slow_one_does_not():
@@ -84,7 +81,7 @@ def test_the_recipe_names_the_tied_trials():
         and "trial 4" not in notes[0]
     )
     assert ties_note(rows, 4) == []  # 10% slower than its nearest: nothing ties with it
-    lay = Layout.from_dict(rows[0]["layout"])
+    lay = rows[0].layout
     rec = export.recipe_dict(
         slice_model(load_model("MiniMax-M2"), 2),
         parse_gpus("2xH200"),
@@ -97,11 +94,13 @@ def test_the_recipe_names_the_tied_trials():
 
 
 def test_foreign_step_times_are_left_out_not_fatal():
-    rows = [_row(2, BEST), _row(0, NONE_AG), _row(1, NONE_AG), _row(3, NONE_AG), _row(5, NONE_AG)]
-    rows[1]["step_times_s"] = [None, "x", True] + NONE_AG  # the valid ones still count
-    rows[2]["step_times_s"] = 0.97  # not a list: no ties for it
-    rows[3]["step_times_s"] = [None, "x", float("nan")]
-    rows[4]["tokens_per_s_per_gpu"] = "fast"
+    def read(trial, times, tps=65536 / 2 / 0.96):
+        return TrialRow.of(trial, "", {"layout": Layout(world_size=2, ep=2).to_dict(), "source": "measured",
+                                       "step_times_s": times, "tokens_per_s_per_gpu": tps, "peak_gib": 100.0})
+
+    rows = [_row(2, BEST), read(0, [None, "x", True, *NONE_AG]),  # the valid ones still count
+            read(1, 0.97),  # not a list: no ties for it
+            read(3, [None, "x", float("nan")]), read(5, NONE_AG, float("nan"))]
     assert [t["trial"] for t in measured_ties(rows, 2)] == [0]
 
 
@@ -120,20 +119,14 @@ def test_a_mixed_study_is_judged_against_its_fastest_measured_trial(capsys, monk
     from rich.console import Console
 
     monkeypatch.setattr(_front, "out", Console(width=400, highlight=False))
-    rows = [_row(9, BEST, source="predicted"), _row(2, BEST), _row(0, NONE_AG)]
-    rows[0]["tokens_per_s_per_gpu"] = 9e5
+    rows = [replace(_row(9, BEST, source="predicted"), tokens_per_s_per_gpu=9e5), _row(2, BEST), _row(0, NONE_AG)]
     _front.print_ties(rows, {"trial": 9, "source": "predicted"})
     assert "within measurement noise of trial 2" in capsys.readouterr().out
 
 
-def _pred(trial, tps, peak=100.0, **lay):
-    return {
-        "trial": trial,
-        "source": "predicted",
-        "layout": Layout(world_size=2, ep=2, micro_batch_size=2, **lay).to_dict(),
-        "tokens_per_s_per_gpu": tps,
-        "peak_gib": peak,
-    }
+def _pred(trial, tps, peak=100.0, headroom=math.nan, **lay):
+    return TrialRow(trial=trial, source="predicted", layout=Layout(world_size=2, ep=2, micro_batch_size=2, **lay),
+                    tokens_per_s_per_gpu=tps, peak_gib=peak, headroom_gib=headroom)
 
 
 def test_predicted_layouts_within_one_percent_of_a_predicted_best_are_named():
@@ -146,7 +139,7 @@ def test_predicted_layouts_within_one_percent_of_a_predicted_best_are_named():
         _pred(3, 999.0),
         _row(4, BEST),
     ]
-    assert [(t["trial"], round(t["gap"], 4)) for t in predicted_ties(rows, 0)] == [
+    assert [(t.trial, round(gap, 4)) for t, gap in predicted_ties(rows, 0)] == [
         (3, 0.001),
         (1, 0.005),
     ]  # not 2 (just over), not 4 (measured)
@@ -161,8 +154,8 @@ def test_predicted_layouts_within_one_percent_of_a_predicted_best_are_named():
 def test_a_predicted_near_tie_that_does_not_fit_is_left_out_and_counted():
     from tuner.report import predicted_ties_text
 
-    over = {**_pred(1, 999.0, 146.7, dispatcher="allgather"), "headroom_gib": -6.3}  # 146.7 GiB on a 140.4 GiB GPU
-    rows = [_pred(0, 1000.0), over, {**_pred(2, 998.0, 90.0, recompute_granularity="selective"), "headroom_gib": 50.4}]
+    over = _pred(1, 999.0, 146.7, -6.3, dispatcher="allgather")  # 146.7 GiB on a 140.4 GiB GPU
+    rows = [_pred(0, 1000.0), over, _pred(2, 998.0, 90.0, 50.4, recompute_granularity="selective")]
     text = predicted_ties_text(rows, 0)
     assert text is not None and "trial 1" not in text and "trial 2 (" in text
     assert "(1 more within 1% is predicted not to fit the GPU, left out)" in text
@@ -174,10 +167,9 @@ def test_between_run_noise_is_the_pooled_spread_of_the_confirmed_layouts():
 
     a, b = _row(0, BEST), _row(1, NONE_AG)
     assert between_run_noise([a, b]) is None  # nothing measured twice
-    a["runs_tokens_per_s_per_gpu"] = [90.0, 110.0]  # SD/mean 14.14%, 1 degree of freedom
-    b["runs_tokens_per_s_per_gpu"] = [100.0, 100.0, 100.0]  # 0%, 2 degrees of freedom
-    pred = _row(2, BEST, source="predicted")
-    pred["runs_tokens_per_s_per_gpu"] = [1.0, 2.0]  # not measured: left out
+    a = replace(a, runs_tokens_per_s_per_gpu=(90.0, 110.0))  # SD/mean 14.14%, 1 degree of freedom
+    b = replace(b, runs_tokens_per_s_per_gpu=(100.0, 100.0, 100.0))  # 0%, 2 degrees of freedom
+    pred = replace(_row(2, BEST, source="predicted"), runs_tokens_per_s_per_gpu=(1.0, 2.0))  # not measured: left out
     sd_a = math.sqrt(200.0) / 100.0
     assert math.isclose(between_run_noise([a, b, pred]), math.sqrt(sd_a**2 / 3.0), rel_tol=1e-12)
 
@@ -193,15 +185,14 @@ def test_a_single_run_ties_within_the_spread_between_runs_the_study_measured(cap
     rows = [_row(0, steady), _row(1, [1.08 * t for t in steady], dispatcher="allgather")]
     assert measured_ties(rows, 0) == []  # within-run noise only: 8% apart is a difference
     assert ties_note(rows, 0) == []
-    tps = rows[0]["tokens_per_s_per_gpu"]
-    rows[0]["runs_tokens_per_s_per_gpu"] = [tps * 0.9, tps, tps * 1.1]  # the best's confirmation runs: SD 10%
+    tps = rows[0].tokens_per_s_per_gpu
+    rows[0] = replace(rows[0], runs_tokens_per_s_per_gpu=(tps * 0.9, tps, tps * 1.1))  # confirmation runs: SD 10%
     (t,) = measured_ties(rows, 0)
     assert t["trial"] == 1 and math.isclose(t["threshold"], 2 * math.sqrt(0.1**2 / 3 + 0.1**2), rel_tol=1e-9)
-    rows[1]["step_times_s"] = [1.5 * x for x in steady]  # 33% slower: still a difference
-    rows[1]["tokens_per_s_per_gpu"] = tps / 1.5
+    # 33% slower: still a difference
+    rows[1] = replace(rows[1], step_times_s=tuple(1.5 * x for x in steady), tokens_per_s_per_gpu=tps / 1.5)
     assert measured_ties(rows, 0) == []
-    rows[1]["step_times_s"] = [1.08 * x for x in steady]
-    rows[1]["tokens_per_s_per_gpu"] = tps / 1.08
+    rows[1] = replace(rows[1], step_times_s=tuple(1.08 * x for x in steady), tokens_per_s_per_gpu=tps / 1.08)
     (note,) = ties_note(rows, 0)
     assert "counting the 10.0% spread between runs of one layout" in note and "trial 1 (" in note
     monkeypatch.setattr(_front, "out", Console(width=400, highlight=False))

@@ -733,20 +733,23 @@ def test_the_comparison_names_what_to_change_from_the_launch():
     assert layout_changes(a, a) == []
 
 
-def _compare(best_tps: float, best_gib: float, src: str = "predicted", launch_src: str = "predicted") -> str:
-    """The compare line of a launch TP1 PP1 DP8 (1,000 tokens/s/GPU, 60 GiB) against a best TP2 PP1 DP4."""
+def _compare(best_tps: float, best_gib: float, src: str = "predicted", launch_src: str = "predicted",
+             launch_gib: float = 60.0) -> str:
+    """The compare line of a launch TP1 PP1 DP8 (1,000 tokens/s/GPU, 60 GiB, a 141 GiB GPU) against a best TP2 PP1
+    DP4."""
     from types import SimpleNamespace
 
     from cost_model.uncertainty import Band, ErrorBars
     from specs import Layout
     from tuner.cli._from import compare_line
+    from tuner.study import TrialRow
 
     launch, other = Layout(world_size=8), Layout(world_size=8, tp=2, sequence_parallel=True)
     bars = ErrorBars(family="x", throughput=Band(low=0.8, high=1.1), memory=Band(low=0.9, high=1.1))
     prep = SimpleNamespace(config=SimpleNamespace(job=SimpleNamespace(baseline=launch.to_dict()),
-                                                  search=SimpleNamespace(memory_headroom=None)), bars=bars)
-    rows = [{"trial": 0, "layout": launch.to_dict(), "tokens_per_s_per_gpu": 1000.0, "peak_gib": 60.0,
-             "source": launch_src, "fit": "fits"}]
+                                                  search=SimpleNamespace(memory_headroom=None)), bars=bars,
+                           cluster=SimpleNamespace(gpu=SimpleNamespace(hbm_bytes=141 * 2**30)))
+    rows = [TrialRow(trial=0, layout=launch, tokens_per_s_per_gpu=1000.0, peak_gib=launch_gib, source=launch_src)]
     best = {"trial": 1, "label": other.label, "layout": other, "tokens_per_s_per_gpu": best_tps, "peak_gib": best_gib,
             "source": src}
     return compare_line(prep, best, rows)
@@ -760,6 +763,14 @@ def test_a_best_within_the_model_s_error_or_slower_is_no_change_to_make(best_tps
     assert "change:" not in line and f"{best_tps / 1000 - 1:+.0%};" in line
     assert ("your layout is within the model's error of the best: keep it, or measure both (a difference under 16% is "
             "within it; the best uses 10.0 GiB less; the best differs in: TP 1->2, sequence parallel off->on)") in line
+
+
+def test_the_launch_s_own_predicted_trial_gets_the_job_s_fit_verdict():
+    """A predicted trial of the launch near the GPU's memory is "may not fit" by the error bars (135 GiB: 121.5-148.5
+    GiB against 141 GiB), as ``tune estimate`` says it; a measured one ran, so it fits."""
+    assert "(may not fit, predicted)" in _compare(1300.0, 50.0, launch_gib=135.0)
+    assert "fit" not in _compare(1300.0, 50.0, launch_gib=60.0).split(";")[0]
+    assert "fit" not in _compare(1300.0, 50.0, launch_src="measured", launch_gib=135.0).split(";")[0]
 
 
 def test_a_gain_beyond_the_error_is_a_change_and_a_much_slower_best_says_keep():

@@ -57,6 +57,11 @@ def test_estimate_plot_writes_the_breakdown(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def _recorded_step_s(st, trial):
+    """The predicted step time (s) trial ``trial`` of study ``st`` recorded."""
+    return st.trials[trial].user_attrs["result"]["pred_step_time_s"]
+
+
 def test_timeline_of_a_predicted_trial(tmp_path):
     r = runner.invoke(
         app,
@@ -65,13 +70,13 @@ def test_timeline_of_a_predicted_trial(tmp_path):
     assert r.exit_code == 0, r.output
     import optuna
 
-    rows = trial_rows(optuna.load_study(study_name="p", storage=f"sqlite:///{tmp_path / 'p' / 'study.db'}"))
-    row = rows[-1]
-    r = runner.invoke(app, ["timeline", "--study", "p", "--trial", str(row["trial"]), "--results-dir", str(tmp_path)])
+    st = optuna.load_study(study_name="p", storage=f"sqlite:///{tmp_path / 'p' / 'study.db'}")
+    row = trial_rows(st)[-1]
+    r = runner.invoke(app, ["timeline", "--study", "p", "--trial", str(row.trial), "--results-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    trace = json.loads((tmp_path / "p" / f"timeline_trial{row['trial']}.json").read_text())
-    assert trace_step_seconds(trace) == pytest.approx(row["pred_step_time_s"], rel=1e-12)  # what the trial recorded
-    assert trace["otherData"]["trial"] == row["trial"] and trace["otherData"]["layout"] == row["label"]
+    trace = json.loads((tmp_path / "p" / f"timeline_trial{row.trial}.json").read_text())
+    assert trace_step_seconds(trace) == pytest.approx(_recorded_step_s(st, row.trial), rel=1e-12)
+    assert trace["otherData"]["trial"] == row.trial and trace["otherData"]["layout"] == row.layout.label
     assert "measured trace" not in r.output
 
 
@@ -113,23 +118,23 @@ def test_measured_trial_s_profile_and_its_prediction_side_by_side(tmp_path, monk
     run_study(prep, backend=backend)
     import optuna
 
-    rows = trial_rows(optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}"))
-    row = next(r for r in rows if r["source"] == "measured")
-    tdir = Path(row["log_path"])
+    st = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    row = next(r for r in trial_rows(st) if r.source == "measured")
+    tdir = Path(row.log_path)
     measured = sorted(tdir.glob("profile_step2_pp*.json"))
-    lay = row["layout"]
-    assert len(measured) == lay["pp"]
+    lay = row.layout
+    assert len(measured) == lay.pp
     assert any('"profiled": true' in line for line in (tdir / "steps.jsonl").read_text().splitlines())
-    r = runner.invoke(app, ["timeline", "--study", "s", "--trial", str(row["trial"]), "--results-dir", str(tmp_path)])
+    r = runner.invoke(app, ["timeline", "--study", "s", "--trial", str(row.trial), "--results-dir", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    predicted = tdir / f"timeline_trial{row['trial']}.json"
+    predicted = tdir / f"timeline_trial{row.trial}.json"
     assert f"predicted trace: {predicted}" in r.output
     for p in measured:
         assert f"measured trace (torch.profiler, one step of the trial): {p}" in r.output
     trace = json.loads(predicted.read_text())
     assert trace["otherData"]["measured_traces"] == [str(p) for p in measured]
     assert trace["otherData"]["trial_source"] == "measured" and trace["otherData"]["source"] == "predicted"
-    assert trace_step_seconds(trace) == pytest.approx(row["pred_step_time_s"], rel=1e-12)
+    assert trace_step_seconds(trace) == pytest.approx(_recorded_step_s(st, row.trial), rel=1e-12)
 
 
 def test_two_timelines_on_one_time_axis(tmp_path, monkeypatch):

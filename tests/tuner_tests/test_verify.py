@@ -404,13 +404,13 @@ def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypa
         launcher=[sys.executable, FAKE], env=HarnessEnv(), poll_s=0.02,
     )
     res = run_study(prepare(cfg), backend=be)
-    row = next(r for r in trial_rows(res.study) if r["source"] == "measured" and Layout.from_dict(r["layout"]) != REF)
+    row = next(r for r in trial_rows(res.study) if r.source == "measured" and r.layout != REF)
     _patch_cli(monkeypatch)
     out = tmp_path / "recipe.yaml"
     r = runner.invoke(
         app,
         [
-            "verify", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"]), "--reference",
+            "verify", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row.trial), "--reference",
             "tp=1", "--steps", "6", "--warm-start-steps", "2", "--out", str(out),
         ],
     )
@@ -421,7 +421,7 @@ def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypa
     p = runner.invoke(
         app,
         [
-            "verify", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"]), "--reference",
+            "verify", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row.trial), "--reference",
             "tp=1", "--grad-parity", "--out", str(out),
         ],
     )
@@ -433,11 +433,11 @@ def test_a_measured_trial_that_passes_is_exported_as_verified(tmp_path, monkeypa
         and rec["result"]["tokens_per_s_per_gpu"] > 0
         and rec["correctness"]["result"] == "pass"
     )
-    e = runner.invoke(app, ["export", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"])])
+    e = runner.invoke(app, ["export", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row.trial)])
     assert yaml.safe_load(e.output)["status"] == "verified"
     # a failed gradient parity (stored by a later check) makes it not verified, whatever the loss check said
-    res.study.set_user_attr(f"verify-parity:{row['trial']}", {"result": "fail", "summary": "failed relative_l2"})
-    e = runner.invoke(app, ["export", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row["trial"])])
+    res.study.set_user_attr(f"verify-parity:{row.trial}", {"result": "fail", "summary": "failed relative_l2"})
+    e = runner.invoke(app, ["export", "--study", "m", "--results-dir", str(tmp_path), "--trial", str(row.trial)])
     assert (
         yaml.safe_load(e.output)["status"] == "measured" and yaml.safe_load(e.output)["correctness"]["result"] == "fail"
     )

@@ -164,7 +164,7 @@ def test_a_killed_worker_loses_nothing(tmp_path, kind):
     assert again.state == optuna.trial.TrialState.COMPLETE and again.user_attrs["key"] == cut.user_attrs["key"]
     assert f"trial {killed} was left RUNNING by a worker that sent no heartbeat" in again.user_attrs["retried"]
     assert again.system_attrs["failed_trial"] == killed  # Optuna's RetryHeartbeatStaleTrialCallback made it
-    assert cut.user_attrs["key"] in {r["key"] for r in trial_rows(st)} and b.layouts.count(cut.user_attrs["key"]) == 1
+    assert cut.user_attrs["key"] in {r.key for r in trial_rows(st)} and b.layouts.count(cut.user_attrs["key"]) == 1
     assert res.evaluated_now == 8 and not [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]
     assert [t.number for t in st.trials if "result" not in t.user_attrs] == [killed]  # no skipped proposal is a trial
 

@@ -17,6 +17,7 @@ from tuner.cli._common import GIB, RunChoice
 
 if TYPE_CHECKING:
     from specs import Layout
+    from tuner.study.records import TrialRow
 
 __all__ = ["FromOpt", "FromInputs", "CommandInputs", "arguments_read", "command_inputs", "launch_inputs",
            "launch_layout", "launch_lines", "compare_line", "launch_summary"]
@@ -237,7 +238,7 @@ def launch_lines(prep: Any, fi: FromInputs, *, verbose: bool = False) -> list[st
     if e is None:
         lines.append(f"  its layout {label}: not estimated, {why}")
         return lines
-    fit = fit_verdict(prep, e)
+    fit = fit_verdict(prep, e.peak_bytes)
     trial = ("the study evaluates it" if prep.baseline_row is not None and prep.fits[prep.baseline_row]
              else "not a candidate of the search (outside the space, or predicted not to fit)")
     lines.append(f"  its layout {label}: {e.tokens_per_s_per_gpu:,.1f} tokens/s/GPU predicted, {e.peak_gib:.1f} GiB "
@@ -268,16 +269,18 @@ def layout_changes(launch: Layout, best: Layout) -> list[str]:
     return [f"{name} {get(a)}->{get(b)}" for name, get in fields if get(a) != get(b)]
 
 
-def fit_verdict(prep: Any, e: Any) -> str:
-    """``fits``, ``may not fit`` or ``does NOT fit`` for the estimate ``e`` of a layout of the job, by the job's fit
-    rule: the 90% memory interval against the GPU (as ``tune estimate`` says it), or ``--memory-headroom``'s margin."""
+def fit_verdict(prep: Any, peak_bytes: float) -> str:
+    """``fits``, ``may not fit`` or ``does NOT fit`` for a layout of the job predicted to peak at ``peak_bytes``, by
+    the job's fit rule: the 90% memory interval against the GPU (as ``tune estimate`` says it), or
+    ``--memory-headroom``'s margin."""
+    hbm = prep.cluster.gpu.hbm_bytes
     if prep.config.search.memory_headroom is not None or prep.bars is None:
-        return "fits" if e.fits else "does NOT fit"
-    verdict = str(prep.bars.fit_verdict(e.peak_bytes, prep.cluster.gpu.hbm_bytes))
+        return "fits" if peak_bytes <= hbm * (1 - prep.headroom) else "does NOT fit"
+    verdict = str(prep.bars.fit_verdict(peak_bytes, hbm))
     return "does NOT fit" if verdict == "does not fit" else verdict
 
 
-def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> str:
+def compare_line(prep: Any, best: dict[str, Any], rows: list[TrialRow] | None = None) -> str:
     """``your launch (trial T): N tokens/s/GPU measured|predicted (90%: LO-HI), X GiB; best: LABEL, M tokens/s/GPU,
     Y GiB, +P%;`` then what to do. The launch's own trial among ``rows`` (the study's trial rows) gives its numbers,
     measured when it was; else its prediction; a prediction's 90% interval is the job's error bars' (``prep.bars``,
@@ -290,27 +293,27 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | N
     from specs import Layout
 
     base = Layout.from_dict(prep.config.job.baseline)
-    mine = [r for r in rows or () if _layout_of(r).key() == base.key() and r.get("tokens_per_s_per_gpu")]
-    mine.sort(key=lambda r: r.get("source") != "measured")  # a measurement first
+    mine = [r for r in rows or () if r.layout.key() == base.key() and r.tokens_per_s_per_gpu]
+    mine.sort(key=lambda r: r.source != "measured")  # a measurement first
     if mine:
         r = mine[0]
-        tps, gib, src = float(r["tokens_per_s_per_gpu"]), float(r["peak_gib"]), str(r["source"])
-        verdict = "fits" if src == "measured" else str(r.get("fit") or "fits")
-        who = f"your launch (trial {r['trial']})"
+        tps, gib, src = r.tokens_per_s_per_gpu, r.peak_gib, r.source
+        verdict = "fits" if src == "measured" else fit_verdict(prep, gib * GIB)  # a measured run did fit
+        who = f"your launch (trial {r.trial})"
     else:
         e, why = baseline_estimate(prep)
         if e is None:
             return (f"your launch: not estimated ({why}); best: {best['label']}, "
                     f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU")
         tps, gib, src, who = e.tokens_per_s_per_gpu, e.peak_bytes / GIB, "predicted", "your launch"
-        verdict = fit_verdict(prep, e)
+        verdict = fit_verdict(prep, e.peak_bytes)
     band = ""
     if src == "predicted" and prep.bars is not None:
         lo, hi = prep.bars.throughput_interval(tps)
         band = f" (90%: {lo:,.0f}-{hi:,.0f})"
     gain = best["tokens_per_s_per_gpu"] / tps - 1 if tps > 0 else float("nan")
     fit = "" if verdict == "fits" else f" ({verdict}, predicted)"
-    changes = layout_changes(base, _layout_of(best))
+    changes = layout_changes(base, best["layout"])
     err = ratio_within_error()
     predicted = "predicted" in (best["source"], src)
     if not changes:
@@ -331,10 +334,3 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[dict[str, Any]] | N
     return (f"{who}: {tps:,.1f} tokens/s/GPU {src}{band}, {gib:.1f} GiB{fit}; best: {best['label']}, "
             f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {best['peak_gib']:.1f} GiB, "
             f"{gain:+.0%}{then}")
-
-
-def _layout_of(row: dict[str, Any]) -> Any:
-    from specs import Layout
-
-    lay = row["layout"]
-    return lay if isinstance(lay, Layout) else Layout.from_dict(lay)

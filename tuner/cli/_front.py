@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
 from tuner.cli._common import out, print_command, say
+
+if TYPE_CHECKING:
+    from tuner.study.records import TrialRow
 
 
 def table_rows(front: list[dict[str, Any]], top: int, keep: int | None = None) -> list[dict[str, Any]]:
@@ -61,23 +64,24 @@ def _short_recompute(label: str) -> str:
     return label.replace("full uniform ", "full u").replace("full block ", "full b")
 
 
-def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
+def print_ties(rows: list[TrialRow], best: dict[str, Any]) -> None:
     """Say which measured trials the best one cannot be told apart from (tuner.report.measured_ties), after the
     runs of the layouts measured more than once (--confirm-runs)."""
     from tuner.report import TIE_Z, between_run_noise, fastest_measured, long_label, measured_ties, runs_summary
 
-    for r in sorted(rows, key=lambda r: -float(r.get("tokens_per_s_per_gpu") or 0)):
+    for r in sorted(rows, key=lambda r: -r.tokens_per_s_per_gpu):
         text = runs_summary(r)
         if text is not None:
-            warn = "[bold red]" if r.get("runs_failed") else ""
-            say(f"{warn}confirmed{'[/]' if warn else ''}: trial {r['trial']} ({escape(long_label(r))}): "
-                f"{r['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU over {escape(text)}", hang=2, console=out)
+            warn = "[bold red]" if r.runs_failed else ""
+            say(f"{warn}confirmed{'[/]' if warn else ''}: trial {r.trial} ({escape(long_label(r))}): "
+                f"{r.tokens_per_s_per_gpu:,.1f} tokens/s/GPU over {escape(text)}", hang=2, console=out)
+    trial = best["trial"]
     if best.get("source") != "measured":  # a study that mixes sources: against its fastest measured trial
         measured = fastest_measured(rows)
         if measured is None:
             return
-        best = measured
-    ties = measured_ties(rows, best["trial"])
+        trial = measured.trial
+    ties = measured_ties(rows, trial)
     if not ties:
         return
     listed = "; ".join(f"trial {t['trial']} ({t['label']}): {t['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU, "
@@ -89,6 +93,6 @@ def print_ties(rows: list[dict[str, Any]], best: dict[str, Any]) -> None:
     caveat = ("runs of one layout can differ by more than their own noise (docs/measurements.md), so treat them as "
               "equally fast and choose on memory, or re-measure them (--confirm-runs)." if spread is None
               else "treat them as equally fast and choose on memory, or give them more runs (--confirm-runs).")
-    say(f"[yellow]within measurement noise of trial {best['trial']}[/] ({TIE_Z:g} standard errors of the difference "
+    say(f"[yellow]within measurement noise of trial {trial}[/] ({TIE_Z:g} standard errors of the difference "
         f"of {basis}): {escape(listed)}{more}. Their step times cannot rank these layouts; {caveat}", hang=2,
         console=out)

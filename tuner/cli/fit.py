@@ -31,6 +31,7 @@ from tuner.cli._common import (
 
 if TYPE_CHECKING:
     from cost_model.run_table import RowProblem
+    from tuner.study.records import TrialRow
 
 __all__ = ["app", "validate", "calibrate"]
 
@@ -267,28 +268,23 @@ def validate(
             "repeats measure; cost_model.validate.release_factor)", indent=0, hang=2)
 
 
-def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[Any]:
-    """Measured trials of a study made by ``tune`` as runs (the study's model, cluster and workload)."""
+def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[tuple[Any, TrialRow]]:
+    """Measured trials of a study made by ``tune``: each as a run (the study's model, cluster and workload) and its
+    row."""
     from cost_model.validate import Run
-    from specs.layout import Layout
     from tuner.study import trial_rows
 
     st = load_study(study, storage, results_dir)
     m, c, w, _ = study_context(st)
     runs = []
     for row in trial_rows(st):
-        if row.get("source") != "measured" or not row.get("tokens_per_s_per_gpu"):
+        if row.source != "measured" or not row.tokens_per_s_per_gpu:
             continue
-        try:
-            lay = Layout.from_dict(row["layout"])
-        except (TunerError, TypeError, ValueError) as e:
-            raise TunerError(f"study {study!r}, trial {row.get('trial')}: its layout cannot be read ({e})") from None
-        runs.append(Run(row=int(row.get("trial", 0)), run_id=f"trial {row.get('trial')}", model_name=m.name,
-                        gpu_type=c.gpu.name, precision=w.precision.value, num_gpus=c.num_gpus,
-                        published_tokens=float(row["tokens_per_s_per_gpu"]),
-                        published_tflops=None, implied_gflop_per_token=None, seq_length=w.seq_length,
-                        framework_version=f"study {study} (measured trial)", model=m, cluster=c, workload=w, layout=lay,
-                        is_moe=m.is_moe))
+        runs.append((Run(row=row.trial, run_id=f"trial {row.trial}", model_name=m.name, gpu_type=c.gpu.name,
+                         precision=w.precision.value, num_gpus=c.num_gpus, published_tokens=row.tokens_per_s_per_gpu,
+                         published_tflops=None, implied_gflop_per_token=None, seq_length=w.seq_length,
+                         framework_version=f"study {study} (measured trial)", model=m, cluster=c, workload=w,
+                         layout=row.layout, is_moe=m.is_moe), row))
     if not runs:
         raise TunerError(f"study {study!r} has no finished trial measured on GPUs (result source 'measured'); run it "
                          "with a GPU backend first")
@@ -299,21 +295,17 @@ def _study_observations(study: str, storage: str | None, results_dir: Path) -> t
     """Measured trials of a study as observations (step time, peak reserved memory) and their notes
     (the software stack the trials ran on, e.g. no Transformer Engine)."""
     from cost_model.calibrate import Observation
-    from tuner.study import trial_rows
 
-    runs = _study_runs(study, storage, results_dir)
-    by_trial = {int(r.get("trial", -1)): r for r in trial_rows(load_study(study, storage, results_dir))}
     obs, notes = [], []
-    for r in runs:
-        row = by_trial.get(r.row, {})
-        peak = row.get("peak_gib")
+    for r, row in _study_runs(study, storage, results_dir):
+        peak = row.peak_gib
         obs.append(Observation(model=r.model, cluster=r.cluster, workload=r.workload, layout=r.layout,
                                step_time_s=r.workload.global_batch_size * r.workload.seq_length
                                / r.published_tokens / r.num_gpus,
-                               peak_gib=float(peak) if peak and math.isfinite(float(peak)) else None, label=r.run_id))
-        for n in row.get("notes") or []:
+                               peak_gib=peak if peak and math.isfinite(peak) else None, label=r.run_id))
+        for n in row.notes:
             if n not in notes:
-                notes.append(str(n))
+                notes.append(n)
     return obs, notes
 
 
@@ -377,7 +369,7 @@ def calibrate(
         for p in problems:
             say(escape(str(p)), label="[yellow]skipped:[/]", indent=0, console=err)
     if study:
-        runs += _study_runs(study, storage, results_dir)
+        runs += [r for r, _ in _study_runs(study, storage, results_dir)]
     start = load_calibration(calibration) if calibration else (DEFAULT_CALIBRATION if study and not data
                                                                else BASE_CALIBRATION)
     if study and not data:

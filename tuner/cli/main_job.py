@@ -10,14 +10,13 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cost_model.fidelity import gaps
-from specs import Layout
 from specs.errors import TunerError
 from tuner.cli._common import (
     GIB,
@@ -51,6 +50,9 @@ from tuner.cli._common import (
     study_flags,
 )
 from tuner.cli._front import print_front, print_ties, table_rows
+
+if TYPE_CHECKING:
+    from tuner.study.records import TrialRow
 
 __all__ = ["main_job"]
 
@@ -334,7 +336,7 @@ def _run_with_progress(prep: Any, cfg: Any, state: CliState) -> Any:
     return res
 
 
-def _choose_best(res: Any, rows: list[dict[str, Any]], prep: Any, cfg: Any) -> tuple[list[dict[str, Any]],
+def _choose_best(res: Any, rows: list[TrialRow], prep: Any, cfg: Any) -> tuple[list[dict[str, Any]],
                                                                                      dict[str, Any], list[Any]]:
     """The Pareto front, the best row (the gain policy's choice when it stopped by its rule) and the rows tied with it;
     the best trial is recorded in the study.
@@ -357,14 +359,14 @@ def _choose_best(res: Any, rows: list[dict[str, Any]], prep: Any, cfg: Any) -> t
     assert best is not None  # the front is not empty
     chosen = res.study.user_attrs.get(POLICY_BEST_ATTR)  # the gain policy's answer, when it stopped by its rule
     if chosen is not None and chosen != best["trial"]:
-        row = [r for r in rows if r["trial"] == chosen]
+        row = [r for r in rows if r.trial == chosen]
         if row:
             best, tied = front_rows(row, prep.model, prep.bars, c.gpu.hbm_bytes / GIB)[0], []
     res.study.set_user_attr(BEST_TRIAL_ATTR, best["trial"])
     return front, best, tied
 
 
-def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], front: list[dict[str, Any]],
+def _write_results(res: Any, prep: Any, cfg: Any, rows: list[TrialRow], front: list[dict[str, Any]],
                    best: dict[str, Any], *, top: int, png: bool) -> tuple[dict[str, Path], str]:
     """``pareto.csv``, the plot (``png``), the exported recipe files and ``report.html`` in the study's folder:
     the files written and a note when the report was left out.
@@ -389,13 +391,12 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[dict[str, Any]], fr
                 usable_gib=prep.estimates.usable_bytes / GIB, labelled=table_rows(front, top, best["trial"]),
                 force=True,
             )
-        from launch.exporters import measurement_from_row
         from tuner.report import runs_note, ties_note
 
-        best_row = next((r for r in rows if r["trial"] == best["trial"]), {})
+        best_row = next(r for r in rows if r.trial == best["trial"])
         files.update(export_files(res.out_dir, prep.model, c, w, lay, study=res.study_name,
                                   calibration=prep.calibration, memory_headroom=prep.headroom,
-                                  measurement=measurement_from_row(best_row, lay),
+                                  measurement=best_row.measurement(),
                                   notes=runs_note(best_row) + ties_note(rows, best["trial"]),
                                   megatron_core=prep.options.megatron_core, options=prep.options,
                                   stack=prep.stack.preset.name, user_args=cfg.job.user_args,
@@ -426,7 +427,7 @@ def _study_counts(res: Any, evaluated: int, measured: bool) -> str:
     return f"Study {escape(res.study_name)}: {evaluated:,} layouts evaluated in total ({res.evaluated_now:,} now{ran})"
 
 
-def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[dict[str, Any]],
+def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[TrialRow],
                    front: list[dict[str, Any]], best: dict[str, Any], tied: list[Any], files: dict[str, Path],
                    report_note: str, *, results_dir: Path, top: int, launch: Any) -> None:
     """The best layout, the space and study counts, the front, the files and the next command."""
@@ -452,8 +453,7 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[di
 
         say(compare_line(prep, best, rows), indent=0, hang=2, markup=False)
     if best["source"] == "predicted":
-        for gap in gaps(lay if isinstance(lay, Layout) else Layout.from_dict(lay), prep.model, prep.cluster.gpu,
-                        prep.calibration)[:2]:
+        for gap in gaps(lay, prep.model, prep.cluster.gpu, prep.calibration)[:2]:
             say(gap.line, label="note:", indent=0, markup=False)
     out.print()
     print_front(front, top, title=f"Pareto front ({src_word}; tok/s = tokens/s/GPU, 90% interval; * may not fit)",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -29,13 +29,16 @@ from tuner.cli._common import (
 )
 from tuner.cli._front import print_front, print_ties
 
+if TYPE_CHECKING:
+    from tuner.study.records import TrialRow
+
 __all__ = ["app", "pareto", "export_cmd", "study_export_context"]
 
 app = typer.Typer()
 
 
-def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: dict[str, Any] | None,
-                         rows: list[dict[str, Any]], correctness: Any = None) -> Any:
+def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: TrialRow | None,
+                         rows: list[TrialRow], correctness: Any = None) -> Any:
     """The :class:`launch.exporters.ExportContext` of ``lay`` in study ``st``: the study's calibration and headroom,
     the trial ``row``'s measurement and notes (confirmation runs, measured ties), and ``correctness``.
 
@@ -43,15 +46,14 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
         TunerError: the layout breaks a rule of the estimate.
     """
     from cost_model.calibration import Calibration
-    from launch.exporters import measurement_from_row
     from tuner.cli._common import stored_run
     from tuner.report import export_context, runs_note, ties_note
 
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
-    notes = runs_note(row) + ties_note(rows, row["trial"]) if row is not None else []
+    notes = runs_note(row) + ties_note(rows, row.trial) if row is not None else []
     return export_context(m, c, w, lay, study=st.study_name, calibration=cal,
                           memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")),
-                          measurement=measurement_from_row(row, lay) if row is not None else None,
+                          measurement=row.measurement() if row is not None else None,
                           correctness=correctness, notes=notes,
                           megatron_core=(st.user_attrs.get("resolved") or {}).get("megatron_core"),
                           bridge_yaml=str(cfg.get("bridge_yaml") or ""),
@@ -59,7 +61,7 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
 
 
 def study_front(study: str | None, storage: str | None, results_dir: Path, output: tuple[str, Path | None, str], *,
-                force: bool) -> tuple[Any, Any, Any, Any, dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+                force: bool) -> tuple[Any, Any, Any, Any, dict[str, Any], list[TrialRow], list[dict[str, Any]]]:
     """(study, model, cluster, workload, config, trial rows, front rows) of a study with a finished trial; ``output``
     (option, path or None, its file name in a study's folder) is checked before the study is opened.
 
@@ -108,11 +110,11 @@ def pareto(
     print_ties(rows, front[0])
     real = [t for t in st.trials if "pruned" in t.user_attrs
             or ("failure" in t.user_attrs and "pred_peak_gib" in t.user_attrs["failure"])]
-    if any("pred_tokens_per_s_per_gpu" in r for r in rows) and ("measured" in srcs or real):
+    if any(r.pred_tokens_per_s_per_gpu == r.pred_tokens_per_s_per_gpu for r in rows) and ("measured" in srcs or real):
         out.print("Predicted vs measured, every real trial (tokens/s/GPU; peak GiB)")
-        lines = [(r["trial"], r["label"], "measured", r["pred_tokens_per_s_per_gpu"], r["tokens_per_s_per_gpu"],
-                  r["pred_peak_gib"], r["peak_gib"])
-                 for r in rows if r.get("source") == "measured"]
+        lines = [(r.trial, r.layout.label, "measured", r.pred_tokens_per_s_per_gpu, r.tokens_per_s_per_gpu,
+                  r.pred_peak_gib, r.peak_gib)
+                 for r in rows if r.source == "measured"]
         for tr in real:
             a = tr.user_attrs.get("pruned") or tr.user_attrs["failure"]
             if "pruned" in tr.user_attrs:
@@ -167,7 +169,6 @@ def export_cmd(
     argument file)."""
     from cost_model.uncertainty import error_bars
     from launch.exporters import get_exporter
-    from specs.layout import Layout
     from tuner.report import pick_trial_row
     from tuner.study import trial_rows
 
@@ -180,15 +181,14 @@ def export_cmd(
     m, c, w, cfg = study_context(st)
     rows = trial_rows(st)
     row = pick_trial_row(st.study_name, rows, m, trial, "export", best=st.user_attrs.get("best_trial"))
-    lay = Layout.from_dict(row["layout"])
-    peak, hbm = float(row.get("peak_gib") or 0.0), c.gpu.hbm_bytes / 2**30
-    if row.get("source") == "predicted" and peak > hbm / error_bars(m, c.gpu, w.precision).memory.high:
-        err.print(f"[yellow]warning:[/] trial {row['trial']} is predicted at {peak:.1f} GiB per GPU of {hbm:.1f}: it "
+    peak, hbm = row.peak_gib or 0.0, c.gpu.hbm_bytes / 2**30
+    if row.source == "predicted" and peak > hbm / error_bars(m, c.gpu, w.precision).memory.high:
+        err.print(f"[yellow]warning:[/] trial {row.trial} is predicted at {peak:.1f} GiB per GPU of {hbm:.1f}: it "
                   "may not fit; confirm it with a real trial before training on it")
     from tuner.verify.correctness import stored_correctness  # launch's process helpers: not imported by the main job
 
-    text = exporter.render(study_export_context(st, m, c, w, cfg, lay, row, rows,
-                                                correctness=stored_correctness(st, row["trial"])))
+    text = exporter.render(study_export_context(st, m, c, w, cfg, row.layout, row, rows,
+                                                correctness=stored_correctness(st, row.trial)))
     if out_file is None:
         sys.stdout.write(text)
         return

@@ -212,36 +212,32 @@ def _study_trial(study: str, trial: int | None, storage: str | None, results_dir
     """(estimate details, title, otherData extras, default output path, measured traces) of a study's trial."""
     from cost_model.calibration import Calibration
     from cost_model.estimate import estimate_details
-    from specs.layout import Layout
     from tuner.cli._common import stored_run
     from tuner.report import pick_trial_row
     from tuner.study import run_options_for_backend, trial_rows
 
     st = load_study(study, storage, results_dir)
     m, c, w, cfg = study_context(st)
-    rows = trial_rows(st)
-    row = pick_trial_row(st.study_name, rows, m, trial, "draw", best=st.user_attrs.get("best_trial"))
-    lay = Layout.from_dict(row["layout"])
+    row = pick_trial_row(st.study_name, trial_rows(st), m, trial, "draw", best=st.user_attrs.get("best_trial"))
     cal = Calibration(**st.user_attrs["calibration"]) if "calibration" in st.user_attrs else Calibration()
     backend = str(cfg.get("backend", "model"))
     opts = stored_run(st)[0] or run_options_for_backend(backend)
     try:
-        det = estimate_details(m, c, w, lay, calibration=cal,
+        det = estimate_details(m, c, w, row.layout, calibration=cal,
                                memory_headroom=headroom_for(m, c.gpu, w.precision, cfg.get("memory_headroom")),
                                options=opts)
     except InfeasibleLayout as ex:
-        raise TunerError(f"trial {row['trial']} of {st.study_name!r}: the estimate refuses its layout (rule "
+        raise TunerError(f"trial {row.trial} of {st.study_name!r}: the estimate refuses its layout (rule "
                          f"{ex.rule_id}: {ex.reason})") from None
-    measured = measured_traces(row.get("log_path")) if row.get("source") == "measured" else []
-    extra: dict[str, Any] = {"study": st.study_name, "trial": row["trial"], "trial_source": row.get("source")}
-    if row.get("source") == "measured":
-        extra.update(measured_step_time_s=row.get("step_time_s"),
-                     measured_tokens_per_s_per_gpu=row.get("tokens_per_s_per_gpu"),
+    measured = measured_traces(row.log_path) if row.source == "measured" else []
+    extra: dict[str, Any] = {"study": st.study_name, "trial": row.trial, "trial_source": row.source}
+    if row.source == "measured":
+        extra.update(measured_step_time_s=row.step_time_s, measured_tokens_per_s_per_gpu=row.tokens_per_s_per_gpu,
                      measured_traces=[str(p) for p in measured])
-    name = f"timeline_trial{row['trial']}.json"
+    name = f"timeline_trial{row.trial}.json"
     default = measured[0].parent / name if measured else results_dir / st.study_name / name
     title = (f"{m.name} on {c.label}, seq {w.seq_length:,}, gbs {w.global_batch_size}; study {st.study_name}, "
-             f"trial {row['trial']}")
+             f"trial {row.trial}")
     return det, title, extra, default, measured
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -12,6 +12,9 @@ from rich.table import Table
 
 from specs.errors import TunerError
 from tuner.cli._common import ResultsOpt, StorageOpt, StudyNameOpt, err, load_study, out, study_context
+
+if TYPE_CHECKING:
+    from tuner.study.records import TrialRow
 
 __all__ = ["app", "verify"]
 
@@ -85,7 +88,7 @@ def verify(
     reference's own run-to-run noise); with --component optimizer, the optimizer component test runs. A recipe is
     ``verified`` only when the convergence check and gradient parity both passed for its layout.
     """
-    from specs.layout import Layout
+    from tuner.study import trial_rows
     from tuner.verify.inputs import parse_layout_spec
     if component is not None:
         if grad_parity:
@@ -104,9 +107,8 @@ def verify(
     st, m, c, w, cfg, lay, trial_no, row = _candidate(study, storage, results_dir, trial, need_trial=candidate is None)
     if candidate is not None:
         lay = parse_layout_spec(candidate, c.num_gpus)
-        rows = [r for r in _rows(st) if Layout.from_dict(r["layout"]) == lay]
-        row = rows[0] if rows else None
-        trial_no = row["trial"] if row else None
+        row = next((r for r in trial_rows(st) if r.layout == lay), None)
+        trial_no = row.trial if row else None
     ref = parse_layout_spec(reference, c.num_gpus)
     name = (f"trial{trial_no}" if trial_no is not None else "layout-" + _slug(lay.label)) + (f"-{fault}" if fault
                                                                                              else "")
@@ -282,25 +284,17 @@ def _slug(label: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in label).strip("-").lower()
 
 
-def _rows(st: Any) -> list[dict[str, Any]]:
-    from tuner.study import trial_rows
-
-    return trial_rows(st)
-
-
 def _candidate(study: str, storage: str | None, results_dir: Path, trial: int | None, *,
                need_trial: bool = True) -> tuple[Any, ...]:
-    from specs.layout import Layout
     from tuner.report import pick_trial_row
     from tuner.study import trial_rows
 
     st = load_study(study, storage, results_dir, writes=True)
     m, c, w, cfg = study_context(st)
-    rows = trial_rows(st)
     if not need_trial:
         return st, m, c, w, cfg, None, None, None
-    row = pick_trial_row(st.study_name, rows, m, trial, "verify", best=st.user_attrs.get("best_trial"))
-    return st, m, c, w, cfg, Layout.from_dict(row["layout"]), row["trial"], row
+    row = pick_trial_row(st.study_name, trial_rows(st), m, trial, "verify", best=st.user_attrs.get("best_trial"))
+    return st, m, c, w, cfg, row.layout, row.trial, row
 
 
 def _print_outcome(o: Any) -> None:
@@ -340,10 +334,12 @@ def _print_outcome(o: Any) -> None:
     out.print(f"curves: {escape(o.plan.out_dir)}/losses.png; details: {escape(o.plan.out_dir)}/verify.json")
 
 
-def _recipe_text(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: dict[str, Any] | None,
+def _recipe_text(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: TrialRow | None,
                  block: dict[str, Any] | None) -> str:
     """The recipe of ``lay`` (trial ``row``, or a given candidate when None) with the correctness ``block``."""
     from launch.exporters import get_exporter
     from tuner.cli.studies import study_export_context
+    from tuner.study import trial_rows
 
-    return get_exporter("recipe").render(study_export_context(st, m, c, w, cfg, lay, row, _rows(st), correctness=block))
+    return get_exporter("recipe").render(study_export_context(st, m, c, w, cfg, lay, row, trial_rows(st),
+                                                              correctness=block))

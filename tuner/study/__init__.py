@@ -37,7 +37,7 @@ from tuner.study.config import _mask as _mask
 from tuner.study.config import _validate_config as _validate_config
 from tuner.study.confirm import MAX_CONFIRM_ROUNDS, MAX_FINALISTS
 from tuner.study.prepare import Prepared, prepare
-from tuner.study.records import TrialRecord, trial_rows
+from tuner.study.records import TrialRecord, TrialRow, trial_rows
 from tuner.study.run import StudyRun, TuneResult, run_study
 from tuner.study.storage import model_spec_from_dict, model_spec_to_dict, open_storage
 
@@ -53,6 +53,7 @@ __all__ = [
     "Prepared",
     "StudyRun",
     "TrialRecord",
+    "TrialRow",
     "TuneConfig",
     "TuneResult",
     "harness_without_te",

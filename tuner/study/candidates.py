@@ -16,7 +16,7 @@ from launch import TrialBackend
 from specs.errors import TunerError
 from specs.layout import Layout, LayoutTable, categories
 from tuner.study.prepare import Prepared
-from tuner.study.records import TrialRecord
+from tuner.study.records import TrialRecord, TrialRow
 
 __all__ = ["DIMENSIONS", "MAX_ENQUEUED", "CandidateIndex", "CandidateQueue"]
 
@@ -340,21 +340,20 @@ class CandidateQueue:
         measured = []
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             r = TrialRecord.of(t)
-            if (r.result or {}).get("source") == "measured" and r.repeat_of is None:
-                measured.append((t.number, r.result or {}))
+            row = TrialRow.of(t.number, r.key or "", r.result)
+            if row is not None and row.source == "measured" and r.repeat_of is None:
+                measured.append(row)
         n = len(measured)
         if not (self.every and n >= self.every * (self.fits_done + 1) and n >= 2):
             return
         prep = self.prep
         obs = []
-        for number, res in measured:
-            peak = res.get("peak_gib")
-            st_s = float(res.get("step_time_s") or "nan")
-            obs.append(Observation(model=prep.model, cluster=prep.cluster, workload=prep.workload,
-                                   layout=Layout.from_dict(res["layout"]),
+        for row in measured:
+            peak, st_s = row.peak_gib, row.step_time_s or math.nan
+            obs.append(Observation(model=prep.model, cluster=prep.cluster, workload=prep.workload, layout=row.layout,
                                    step_time_s=st_s if math.isfinite(st_s) and st_s > 0 else None,
-                                   peak_gib=float(peak) if peak and math.isfinite(float(peak)) else None,
-                                   label=f"trial {number}"))
+                                   peak_gib=peak if peak and math.isfinite(peak) else None,
+                                   label=f"trial {row.trial}"))
         record: dict[str, Any] = {"after_measured_trials": n}
         try:
             fit = fit_observations(obs, start=self.calibration, max_nfev=100)

@@ -28,7 +28,7 @@ def finalists(study: optuna.Study) -> list[int]:
     best = fastest_measured(rows)
     if best is None:
         return []
-    return [best["trial"]] + [t["trial"] for t in measured_ties(rows, best["trial"])][: MAX_FINALISTS - 1]
+    return [best.trial] + [t["trial"] for t in measured_ties(rows, best.trial)][: MAX_FINALISTS - 1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import math
 import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -24,11 +24,12 @@ from cost_model.types import Estimate
 from cost_model.uncertainty import Band
 from launch import Measurement, TrialFailed, TrialStopped
 from specs import Cluster, ModelSpec
+from specs.errors import TunerError
 from specs.layout import Layout
 from tuner.study import _optuna
 
-__all__ = ["SUMMARY_FIELDS", "TrialRecord", "best_measured", "claimed_elsewhere", "is_settled", "retried_numbers",
-           "summary_of", "trial_rows"]
+__all__ = ["SUMMARY_FIELDS", "RunFailure", "TrialRecord", "TrialRow", "best_measured", "claimed_elsewhere",
+           "is_settled", "retried_numbers", "summary_of", "trial_rows"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -276,53 +277,108 @@ def best_measured(trials: Iterable[FrozenTrial]) -> float | None:
     return best
 
 
-def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
-    """Finished trials of a study as flat dicts (layout fields plus results), for reports and export.
+class RunFailure(NamedTuple):
+    """A confirmation run (``--confirm-runs``) that failed: its trial, its kind (``oom``, ``timeout``, ``crash``)
+    and the memory its failing rank had reached (GiB) when known."""
+
+    trial: int
+    kind: str | None
+    memory_reached_gib: float | None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrialRow:
+    """A finished trial of a study (:func:`trial_rows`): its layout, ``source`` (``predicted`` or ``measured``) and
+    result (tokens/s/GPU, GiB per GPU, seconds, MFU as a fraction, US$ per 1M tokens; NaN where the result has none).
+    A measured trial adds its step times, log folder and notes on the stack it ran on; a layout run more than
+    once (``--confirm-runs``) its ``runs`` and their throughputs, and the runs that failed."""
+
+    trial: int
+    layout: Layout
+    tokens_per_s_per_gpu: float
+    peak_gib: float
+    key: str = ""
+    source: str = "predicted"
+    headroom_gib: float = math.nan
+    step_time_s: float = math.nan
+    mfu: float = math.nan
+    usd_per_million_tokens: float = math.nan
+    pred_tokens_per_s_per_gpu: float = math.nan
+    pred_peak_gib: float = math.nan
+    step_times_s: tuple[float, ...] = ()
+    log_path: str = ""
+    notes: tuple[str, ...] = ()
+    runs: int = 1
+    runs_tokens_per_s_per_gpu: tuple[float, ...] = ()
+    runs_failed: tuple[RunFailure, ...] = ()
+
+    @classmethod
+    def of(cls, trial: int, key: str, result: Mapping[str, Any] | None) -> TrialRow | None:
+        """The row of trial ``trial``'s ``result`` (:func:`result_of`); None for none, or one without a layout,
+        throughput or peak memory."""
+        if not result or not {"layout", "tokens_per_s_per_gpu", "peak_gib"} <= result.keys():
+            return None
+        kw: dict[str, Any] = {f: float(result[f]) for f in _NUMBERS if result.get(f) is not None}
+        kw.update({f: tuple(v) for f in ("step_times_s", "notes") if isinstance(v := result.get(f), list)})
+        return cls(trial=trial, key=key, layout=Layout.from_dict(result["layout"]),
+                   source=str(result.get("source", "predicted")), log_path=str(result.get("log_path") or ""), **kw)
+
+    def measurement(self) -> Measurement | None:
+        """The :class:`launch.Measurement` of a measured row, or None for a predicted one."""
+        if self.source != "measured":
+            return None
+        return Measurement(layout=self.layout, source="measured", tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
+                           peak_bytes=self.peak_gib * 2**30, step_times_s=self.step_times_s, log_path=self.log_path)
+
+
+#: The :class:`TrialRow` fields :meth:`TrialRow.of` reads from a result as numbers.
+_NUMBERS = ("tokens_per_s_per_gpu", "peak_gib", "headroom_gib", "step_time_s", "mfu", "usd_per_million_tokens",
+            "pred_tokens_per_s_per_gpu", "pred_peak_gib")
+
+
+def trial_rows(study: optuna.Study) -> list[TrialRow]:
+    """Finished trials of a study as rows, for reports and export.
 
     Confirmation runs (``--confirm-runs``: trials with ``repeat_of``) are folded into the trial they
-    repeat: ``runs`` (finished runs, the trial's own included), each run's ``runs_tokens_per_s_per_gpu``
-    and ``runs_step_time_s``; ``step_time_s`` becomes the mean step time of the runs and
+    repeat: ``runs`` (finished runs, the trial's own included), each run's ``runs_tokens_per_s_per_gpu``;
+    ``step_time_s`` becomes the mean step time of the runs and
     ``tokens_per_s_per_gpu`` the runs' tokens over their time (the harmonic mean of their
     throughputs, so the two agree); ``peak_gib`` the highest run's, ``headroom_gib`` the lowest;
-    MFU and $/1M tokens follow. Confirmation runs that failed are listed in ``runs_failed``
-    (trial, kind, memory reached in GiB where known). ``step_times_s`` stay the first run's.
+    MFU and $/1M tokens follow. Confirmation runs that failed are listed in ``runs_failed``.
+    ``step_times_s`` stay the first run's.
+
+    Raises:
+        TunerError: a result whose layout or numbers cannot be read (a study of another version).
     """
-    rows: list[dict[str, Any]] = []
-    repeats: dict[int, list[dict[str, Any]]] = {}
-    failed: dict[int, list[dict[str, Any]]] = {}
+    rows: list[TrialRow] = []
+    repeats: dict[int, list[TrialRow]] = {}
+    failed: dict[int, list[RunFailure]] = {}
     for t in study.get_trials(deepcopy=False):
         r = TrialRecord.of(t)
         if t.state == TrialState.FAIL and r.repeat_of is not None and r.failure is not None:
             f = r.failure
-            failed.setdefault(int(r.repeat_of), []).append({"trial": t.number, "kind": f.get("kind"),
-                                                            "memory_reached_gib": f.get("memory_reached_gib")})
+            failed.setdefault(int(r.repeat_of), []).append(RunFailure(t.number, f.get("kind"),
+                                                                      f.get("memory_reached_gib")))
             continue
-        if t.state != TrialState.COMPLETE:
-            continue
-        res = r.result
-        if not res or "layout" not in res:
-            continue
-        if r.repeat_of is not None:
-            repeats.setdefault(int(r.repeat_of), []).append(res)
-            continue
-        rows.append({"trial": t.number, "key": r.key or "", **res})
-    for row in rows:
-        if row["trial"] in failed:
-            row["runs_failed"] = failed[row["trial"]]
-        more = repeats.get(row["trial"], [])
-        if not more:
-            continue
-        runs = [row, *more]
-        tps = [float(x["tokens_per_s_per_gpu"]) for x in runs]
-        steps = [float(x.get("step_time_s", float("nan"))) for x in runs]
-        mean = len(tps) / sum(1.0 / x for x in tps)
-        first = float(row["tokens_per_s_per_gpu"])
-        row.update(
-            runs=len(runs), runs_tokens_per_s_per_gpu=tps, runs_step_time_s=steps,
-            tokens_per_s_per_gpu=mean, step_time_s=sum(steps) / len(steps),
-            peak_gib=max(float(x["peak_gib"]) for x in runs),
-            headroom_gib=min(float(x.get("headroom_gib", float("nan"))) for x in runs),
-            mfu=float(row.get("mfu", float("nan"))) * mean / first,
-            usd_per_million_tokens=float(row.get("usd_per_million_tokens", float("nan"))) * first / mean,
-        )
-    return rows
+        try:
+            row = TrialRow.of(t.number, r.key or "", r.result) if t.state == TrialState.COMPLETE else None
+        except (TunerError, TypeError, ValueError) as e:
+            raise TunerError(f"study {study.study_name!r}, trial {t.number}: its result cannot be read ({e})") from None
+        if row is not None:
+            (rows if r.repeat_of is None else repeats.setdefault(int(r.repeat_of), [])).append(row)
+    return [_folded(row, repeats.get(row.trial, []), failed.get(row.trial, [])) for row in rows]
+
+
+def _folded(row: TrialRow, more: list[TrialRow], failed: list[RunFailure]) -> TrialRow:
+    """``row`` with its confirmation runs ``more`` and the failed ones (:func:`trial_rows`)."""
+    if not more:
+        return dataclasses.replace(row, runs_failed=tuple(failed)) if failed else row
+    runs = [row, *more]
+    tps = tuple(x.tokens_per_s_per_gpu for x in runs)
+    mean = len(tps) / sum(1.0 / x for x in tps)
+    first = row.tokens_per_s_per_gpu
+    return dataclasses.replace(
+        row, runs_failed=tuple(failed), runs=len(runs), runs_tokens_per_s_per_gpu=tps, tokens_per_s_per_gpu=mean,
+        step_time_s=sum(x.step_time_s for x in runs) / len(runs), peak_gib=max(x.peak_gib for x in runs),
+        headroom_gib=min(x.headroom_gib for x in runs), mfu=row.mfu * mean / first,
+        usd_per_million_tokens=row.usd_per_million_tokens * first / mean)
