@@ -105,19 +105,10 @@ class LocalBackend(MeasuredBackend):
                                   f"GPU{'s' if have != 1 else ''}; slice a model with --layers to make it fit)")
         check_harness_dependencies()
 
-    def __init__(
-        self,
-        *,
-        trials_dir: str | Path = "results/trials",
-        num_gpus: int | None = None,
-        steps: int = 8,
-        warmup_steps: int = 2,
-        timeout_s: float = 600.0,
-        launcher: Sequence[str] | None = None,
-        env: HarnessEnv | None = None,
-        poll_s: float = 0.5,
-        harness_options: dict[str, object] | None = None,
-    ) -> None:
+    def __init__(self, *, trials_dir: str | Path = "results/trials", num_gpus: int | None = None, steps: int = 8,
+                 warmup_steps: int = 2, timeout_s: float = 600.0, launcher: Sequence[str] | None = None,
+                 env: HarnessEnv | None = None, poll_s: float = 0.5,
+                 harness_options: dict[str, object] | None = None) -> None:
         n = machine_gpu_count() if num_gpus is None else num_gpus
         if n < 1:
             why = ("CUDA_VISIBLE_DEVICES lists none" if os.environ.get("CUDA_VISIBLE_DEVICES") is not None
@@ -141,12 +132,15 @@ class LocalBackend(MeasuredBackend):
                    warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s,
                    harness_options=None if settings.profile_step is None else {"profile_step": settings.profile_step})
 
+    def _other_gpus(self, layout: Layout) -> str | None:
+        if layout.world_size == self.num_gpus:
+            return None
+        return f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
+
     def refusal(self, layout: Layout, model: ModelSpec, workload: Workload) -> str | None:
-        if layout.world_size != self.num_gpus:
-            return (f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's "
-                    f"{self.num_gpus}")
-        reasons = unsupported_reasons(layout, model, workload, self.env)
-        return "; ".join(reasons) if reasons else None
+        if why := self._other_gpus(layout):
+            return why
+        return "; ".join(unsupported_reasons(layout, model, workload, self.env)) or None
 
     def _device_env(self) -> dict[str, str]:
         """``CUDA_VISIBLE_DEVICES`` of the first ``num_gpus`` visible GPUs when the trial uses fewer than the machine
@@ -172,11 +166,8 @@ class LocalBackend(MeasuredBackend):
             TrialStopped: the reporter stopped the trial.
             KeyboardInterrupt: the backend was cancelled; the trial's processes were killed.
         """
-        if layout.world_size != self.num_gpus:
-            raise InfeasibleLayout(
-                "harness_env",
-                f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
-            )
+        if why := self._other_gpus(layout):
+            raise InfeasibleLayout("harness_env", why)
         spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps,
                           options=self.harness_options)
         _, tdir = self._trial_folder(trial_number, trial_dir)

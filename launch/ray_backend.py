@@ -212,24 +212,12 @@ class RayBackend(MeasuredBackend):
     opened_by_study = True
     own_flags = frozenset({"--ray-address", "--parallel-trials", "--trial-env"})
 
-    def __init__(
-        self,
-        *,
-        trials_dir: str | Path = "results/trials",
-        address: str | None = None,
-        gpus_per_node: int = 8,
-        steps: int = 8,
-        warmup_steps: int = 2,
-        timeout_s: float = 900.0,
-        extra_env: Mapping[str, str] | None = None,
-        launcher: Sequence[str] | None = None,
-        gpu_resource: str = "GPU",
-        env: HarnessEnv | None = None,
-        retries: int = 1,
-        placement_timeout_s: float = 600.0,
-        poll_s: float = 0.5,
-        init_kwargs: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, *, trials_dir: str | Path = "results/trials", address: str | None = None, gpus_per_node: int = 8,
+                 steps: int = 8, warmup_steps: int = 2, timeout_s: float = 900.0,
+                 extra_env: Mapping[str, str] | None = None, launcher: Sequence[str] | None = None,
+                 gpu_resource: str = "GPU", env: HarnessEnv | None = None, retries: int = 1,
+                 placement_timeout_s: float = 600.0, poll_s: float = 0.5,
+                 init_kwargs: Mapping[str, Any] | None = None) -> None:
         check_trial_limits("ray", steps, warmup_steps, timeout_s)
         super().__init__()
         self.trials_dir = Path(trials_dir).absolute()  # the nodes resolve it, not the driver's working folder
@@ -291,8 +279,7 @@ class RayBackend(MeasuredBackend):
             node_plan(layout.world_size, self.gpus_per_node)
         except TunerError as e:
             return str(e)
-        reasons = unsupported_reasons(layout, model, workload, self.env)
-        return "; ".join(reasons) if reasons else None
+        return "; ".join(unsupported_reasons(layout, model, workload, self.env)) or None
 
     def close(self) -> None:
         import ray
@@ -367,11 +354,9 @@ class RayBackend(MeasuredBackend):
                 env = {**SAFE_ENV, **self.extra_env, "NNODES": str(len(sizes)), "NODE_RANK": str(i),
                        "NPROC_PER_NODE": str(g), "MASTER_ADDR": master, "MASTER_PORT": str(port),
                        "TUNE_TRIAL_ATTEMPT": str(attempt)}
-                if self.launcher is not None:
-                    cmd = [*self.launcher, *harness_args(tdir / "spec.json", nodes.out_path)]
-                else:
-                    cmd = [*torchrun_node_command(len(sizes), i, g, master, port),
-                           *harness_args(tdir / "spec.json", nodes.out_path)]
+                head = self.launcher if self.launcher is not None else torchrun_node_command(len(sizes), i, g, master,
+                                                                                             port)
+                cmd = [*head, *harness_args(tdir / "spec.json", nodes.out_path)]
                 pids.append(a.start.remote(cmd, env, str(tdir), spec_text, os.getcwd()))
             try:
                 ray.get(pids, timeout=60)

@@ -313,17 +313,8 @@ def fault_reasons(fault: str | None, layout: Layout, env: HarnessEnv) -> list[st
     return out
 
 
-def build_spec(
-    model: ModelSpec,
-    layout: Layout,
-    workload: Workload,
-    *,
-    env: HarnessEnv,
-    steps: int = 8,
-    warmup_steps: int = 2,
-    seed: int = 1234,
-    options: dict[str, Any] | None = None,
-) -> HarnessSpec:
+def build_spec(model: ModelSpec, layout: Layout, workload: Workload, *, env: HarnessEnv, steps: int = 8,
+               warmup_steps: int = 2, seed: int = 1234, options: dict[str, Any] | None = None) -> HarnessSpec:
     """The harness input for ``layout`` (``model`` as given: slice it first); ``options``: further fields
     (:data:`HARNESS_OPTIONS`); fp8 without ``fp8_recipe`` gets ``delayed``.
 
@@ -347,12 +338,9 @@ def build_spec(
         reasons.append("fault 'embedding_shard_misplaced' acts when a checkpoint is loaded; this run loads none")
     if reasons:
         raise InfeasibleLayout("harness_env", "; ".join(reasons))
-    dp = layout.dp
-    if workload.global_batch_size % (layout.micro_batch_size * dp):
-        raise TunerError(
-            f"global batch {workload.global_batch_size} is not a multiple of micro-batch {layout.micro_batch_size} x "
-            f"DP {dp}"
-        )
+    if workload.global_batch_size % (layout.micro_batch_size * layout.dp):
+        raise TunerError(f"global batch {workload.global_batch_size} is not a multiple of micro-batch "
+                         f"{layout.micro_batch_size} x DP {layout.dp}")
     notes: list[str] = []
     if not env.transformer_engine:
         notes.append(
@@ -363,41 +351,17 @@ def build_spec(
             notes.append("precision-aware optimizer off (needs TE FusedAdam): fp32 master weights, 4 bytes per "
                          "parameter instead of TE's 2-byte remainders")
     mdict = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(model).items()}
-    return HarnessSpec(
-        model=mdict,
-        layout=layout.to_dict(),
-        seq_length=workload.seq_length,
-        global_batch_size=workload.global_batch_size,
-        precision=workload.precision.value,
-        steps=steps,
-        warmup_steps=warmup_steps,
-        seed=seed,
-        use_transformer_engine=env.transformer_engine,
-        notes=tuple(notes),
-        **opts,
-    )
+    return HarnessSpec(model=mdict, layout=layout.to_dict(), seq_length=workload.seq_length,
+                       global_batch_size=workload.global_batch_size, precision=workload.precision.value, steps=steps,
+                       warmup_steps=warmup_steps, seed=seed, use_transformer_engine=env.transformer_engine,
+                       notes=tuple(notes), **opts)
 
 
-def torchrun_command(
-    nproc_per_node: int,
-    spec_path: str | Path,
-    out_path: str | Path,
-    *,
-    master_port: int = 29500,
-    python: str | None = None,
-) -> list[str]:
+def torchrun_command(nproc_per_node: int, spec_path: str | Path, out_path: str | Path, *, master_port: int = 29500,
+                     python: str | None = None) -> list[str]:
     """``python -m torch.distributed.run --nproc-per-node N ... -m launch.harness.train --spec S --out O``."""
-    return [
-        python or sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--master-port={master_port}",
-        "--nnodes=1",
-        f"--nproc-per-node={nproc_per_node}",
-        "-m",
-        HARNESS_MODULE,
-        *harness_args(spec_path, out_path),
-    ]
+    return [python or sys.executable, "-m", "torch.distributed.run", f"--master-port={master_port}", "--nnodes=1",
+            f"--nproc-per-node={nproc_per_node}", "-m", HARNESS_MODULE, *harness_args(spec_path, out_path)]
 
 
 def harness_args(spec_path: str | Path, out_path: str | Path) -> list[str]:
