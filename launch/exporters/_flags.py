@@ -446,14 +446,9 @@ def _pipeline_layout_string(layout: Layout, model: ModelSpec) -> str | None:
     from search_spaces.pipeline import emit_layout_string  # lazy: another module's work
 
     try:
-        return emit_layout_string(
-            model.num_layers,
-            layout.pp,
-            layout.vpp,
-            first=layout.num_layers_in_first_pipeline_stage,
-            last=layout.num_layers_in_last_pipeline_stage,
-            mtp_num_layers=model.mtp_num_layers,
-        )
+        return emit_layout_string(model.num_layers, layout.pp, layout.vpp,
+                                  first=layout.num_layers_in_first_pipeline_stage,
+                                  last=layout.num_layers_in_last_pipeline_stage, mtp_num_layers=model.mtp_num_layers)
     except TunerError:
         raise
     except ValueError as e:

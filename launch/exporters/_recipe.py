@@ -94,16 +94,11 @@ def measurement_from_row(row: Mapping[str, Any], layout: Layout) -> Measurement 
 
     if row.get("source") != "measured":
         return None
-    return Measurement(
-        layout=layout,
-        source="measured",
-        tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
-        peak_bytes=float(row["peak_gib"]) * GIB,
-        step_times_s=tuple(float(x) for x in row.get("step_times_s", ())),
-        losses=tuple(float(x) for x in row.get("losses", ())),
-        log_path=str(row.get("log_path", "")),
-        extra={"measured": row.get("measured")},
-    )
+    return Measurement(layout=layout, source="measured", tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
+                       peak_bytes=float(row["peak_gib"]) * GIB,
+                       step_times_s=tuple(float(x) for x in row.get("step_times_s", ())),
+                       losses=tuple(float(x) for x in row.get("losses", ())), log_path=str(row.get("log_path", "")),
+                       extra={"measured": row.get("measured")})
 
 
 def _result(measurement: Measurement, model: ModelSpec, cluster: Cluster, task: str) -> dict[str, Any]:
@@ -159,31 +154,20 @@ def _layout_section(layout: Layout, model: ModelSpec, workload: Workload, pls: s
     g = layout.recompute_granularity
     recompute: dict[str, Any] | None
     if g == RecomputeGranularity.full:
-        recompute = {
-            "granularity": "full",
-            "method": layout.recompute_method.value,
-            "num_layers": int(layout.recompute_num_layers),
-        }
+        recompute = {"granularity": "full", "method": layout.recompute_method.value,
+                     "num_layers": int(layout.recompute_num_layers)}
     elif g == RecomputeGranularity.selective:
         recompute = {"granularity": "selective", "modules": list(layout.recompute_modules or ("core_attn",))}
     else:
         recompute = None
     offload = None
     if layout.optimizer_offload_fraction > 0:
-        offload = {
-            "optimizer_fraction": float(layout.optimizer_offload_fraction),
-            "overlap_cpu_optimizer_d2h_h2d": bool(layout.overlap_cpu_optimizer_d2h_h2d),
-        }
+        offload = {"optimizer_fraction": float(layout.optimizer_offload_fraction),
+                   "overlap_cpu_optimizer_d2h_h2d": bool(layout.overlap_cpu_optimizer_d2h_h2d)}
     return {
         "label": layout.label,
         "summary": _summary(layout, model, workload, pls),
-        "tp": int(layout.tp),
-        "pp": int(layout.pp),
-        "vpp": int(layout.vpp),
-        "cp": int(layout.cp),
-        "ep": int(layout.ep),
-        "etp": int(layout.etp),
-        "dp": int(layout.dp),
+        **{k: int(getattr(layout, k)) for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")},
         "sequence_parallel": bool(layout.sequence_parallel and layout.tp > 1),
         "layer_split": {"first": f or None, "last": last or None} if (f or last) and layout.pp > 1 else None,
         "pipeline_model_parallel_layout": pls,
@@ -192,30 +176,16 @@ def _layout_section(layout: Layout, model: ModelSpec, workload: Workload, pls: s
         "recompute": recompute,
         "offload": offload,
         "dispatcher": layout.dispatcher.value if model.is_moe else None,
-        "optimizer": {
-            "distributed": bool(layout.use_distributed_optimizer),
-            "precision_aware": bool(layout.use_precision_aware_optimizer),
-            "exp_avg_dtype": layout.exp_avg_dtype,
-            "exp_avg_sq_dtype": layout.exp_avg_sq_dtype,
-        },
+        "optimizer": {"distributed": bool(layout.use_distributed_optimizer),
+                      "precision_aware": bool(layout.use_precision_aware_optimizer),
+                      "exp_avg_dtype": layout.exp_avg_dtype, "exp_avg_sq_dtype": layout.exp_avg_sq_dtype},
     }
 
 
-def recipe_dict(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    layout: Layout,
-    *,
-    estimate: Estimate | None = None,
-    measurement: Measurement | None = None,
-    study: str = "",
-    correctness: Mapping[str, Any] | None = None,
-    extra_notes: Sequence[str] = (),
-    options: RunOptions | None = None,
-    stack: str = "",
-    user_args: Sequence[str] = (),
-) -> dict[str, Any]:
+def recipe_dict(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *,
+                estimate: Estimate | None = None, measurement: Measurement | None = None, study: str = "",
+                correctness: Mapping[str, Any] | None = None, extra_notes: Sequence[str] = (),
+                options: RunOptions | None = None, stack: str = "", user_args: Sequence[str] = ()) -> dict[str, Any]:
     """The recipe for ``layout``, in the seed's key order; :func:`dump_recipe` writes it.
 
     ``status``: ``predicted``; ``measured`` (with ``result``) or ``failed`` for a measured ``measurement``; ``verified``

@@ -369,6 +369,14 @@ def harness_args(spec_path: str | Path, out_path: str | Path) -> list[str]:
     return ["--spec", str(spec_path), "--out", str(out_path)]
 
 
+def parallel_kwargs(lay: dict[str, Any]) -> dict[str, Any]:
+    """The parallel sizes of a layout dict as ``initialize_model_parallel`` and ``TransformerConfig`` name them."""
+    return dict(tensor_model_parallel_size=lay["tp"], pipeline_model_parallel_size=lay["pp"],
+                virtual_pipeline_model_parallel_size=lay["vpp"] if lay["vpp"] > 1 else None,
+                context_parallel_size=lay["cp"], expert_model_parallel_size=lay["ep"],
+                expert_tensor_parallel_size=lay["etp"])
+
+
 def recompute_kwargs(layout: dict[str, Any]) -> dict[str, Any]:
     """``TransformerConfig`` recompute fields for a layout dict (None where Megatron expects unset)."""
     g = layout.get("recompute_granularity", "none")

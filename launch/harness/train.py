@@ -45,7 +45,7 @@ from launch.harness.measure import (
     _profiler,
 )
 from launch.harness.results import cv, median_after_warmup
-from launch.harness.spec import HarnessEnv, HarnessSpec, fault_reasons, parse_argv, unsupported_reasons
+from launch.harness.spec import HarnessEnv, HarnessSpec, fault_reasons, parallel_kwargs, parse_argv, unsupported_reasons
 from launch.harness.step import _batches, _forward_step, _global_loss
 from specs.precision import Precision
 
@@ -72,14 +72,7 @@ def _setup(spec: HarnessSpec, out: _Out, rank: int) -> tuple[Any, list[Any], Any
 
     lay = spec.layout
     t_build = time.perf_counter()
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=lay["tp"],
-        pipeline_model_parallel_size=lay["pp"],
-        virtual_pipeline_model_parallel_size=lay["vpp"] if lay["vpp"] > 1 else None,
-        context_parallel_size=lay["cp"],
-        expert_model_parallel_size=lay["ep"],
-        expert_tensor_parallel_size=lay["etp"],
-    )
+    parallel_state.initialize_model_parallel(**parallel_kwargs(lay))
     seed_all(spec.seed)
     cfg = _transformer_config(spec)
     chunks, opt = _build(spec, cfg)
@@ -123,16 +116,10 @@ def _set_lr(spec: HarnessSpec, opt: Any, k: int) -> None:
 def _forward_backward(fb: Any, spec: HarnessSpec, chunks: list[Any], iters: list[Any]) -> Any:
     """One step's forward and backward over its micro-batches (``fb``: megatron-core's schedule); the micro-batches'
     losses."""
-    return fb(
-        forward_step_func=_forward_step,
-        data_iterator=iters if len(iters) > 1 else iters[0],
-        model=chunks if len(chunks) > 1 else chunks[0],
-        num_microbatches=spec.num_microbatches,
-        seq_length=spec.seq_length,
-        micro_batch_size=spec.layout["micro_batch_size"],
-        decoder_seq_length=spec.seq_length,
-        forward_only=False,
-    )
+    return fb(forward_step_func=_forward_step, data_iterator=iters if len(iters) > 1 else iters[0],
+              model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=spec.num_microbatches,
+              seq_length=spec.seq_length, micro_batch_size=spec.layout["micro_batch_size"],
+              decoder_seq_length=spec.seq_length, forward_only=False)
 
 
 def _warm_start(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, corpus: Any, out: _Out, rank: int,
@@ -319,14 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
         _run(spec, out, rank, world)
     except torch.OutOfMemoryError as e:
-        out.write({
-            "event": "oom",
-            "rank": rank,
-            "message": str(e).splitlines()[0][:500],
-            "allocated_bytes": torch.cuda.memory_allocated(),
-            "reserved_bytes": torch.cuda.memory_reserved(),
-            "max_allocated_bytes": torch.cuda.max_memory_allocated(),
-        })
+        out.write({"event": "oom", "rank": rank, "message": str(e).splitlines()[0][:500],
+                   "allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved(),
+                   "max_allocated_bytes": torch.cuda.max_memory_allocated()})
         print(f"harness rank {rank}: out of memory: {e}", file=sys.stderr, flush=True)
         os._exit(3)
     except BaseException as e:  # noqa: BLE001 - every failure becomes a JSON line and an exit status
