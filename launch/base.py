@@ -15,7 +15,7 @@ from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 
 __all__ = ["BackendSettings", "FailureKind", "Measurement", "StepReporter", "TrialBackend", "TrialFailed",
-           "TrialStopped", "check_trial_limits"]
+           "TrialStopped", "check_trial_limits", "or_list"]
 
 
 class FailureKind(str, Enum):
@@ -171,3 +171,8 @@ def check_trial_limits(backend: str, steps: int, warmup_steps: int, timeout_s: f
                          f"{warmup_steps}")
     if not timeout_s > 0:
         raise TunerError(f"--backend {backend}: the trial timeout must be > 0 s, got {timeout_s}")
+
+
+def or_list(names: list[str]) -> str:
+    """``a``, ``a or b`` or ``a, b or c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]

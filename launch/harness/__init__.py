@@ -8,16 +8,5 @@ from launch.harness.pruner import StepTimePruner
 from launch.harness.results import HarnessResult, StepRecord, classify_failure, read_results
 from launch.harness.spec import HarnessEnv, HarnessSpec, build_spec, slice_model, torchrun_command, unsupported_reasons
 
-__all__ = [
-    "HarnessEnv",
-    "HarnessResult",
-    "HarnessSpec",
-    "StepRecord",
-    "StepTimePruner",
-    "build_spec",
-    "classify_failure",
-    "read_results",
-    "slice_model",
-    "torchrun_command",
-    "unsupported_reasons",
-]
+__all__ = ["HarnessEnv", "HarnessResult", "HarnessSpec", "StepRecord", "StepTimePruner", "build_spec",
+           "classify_failure", "read_results", "slice_model", "torchrun_command", "unsupported_reasons"]

@@ -46,7 +46,7 @@ from launch.harness.measure import (
 )
 from launch.harness.results import cv, median_after_warmup
 from launch.harness.spec import HarnessEnv, HarnessSpec, fault_reasons, parallel_kwargs, parse_argv, unsupported_reasons
-from launch.harness.step import _batches, _forward_step, _global_loss
+from launch.harness.step import _batches, _forward_backward, _global_loss
 from specs.precision import Precision
 
 
@@ -111,15 +111,6 @@ def _set_lr(spec: HarnessSpec, opt: Any, k: int) -> None:
     for g in opt.param_groups:
         g["lr"] = lr * float(g.get("lr_mult", 1.0))
         g["weight_decay"] = 0.1 * float(g.get("wd_mult", 1.0))
-
-
-def _forward_backward(fb: Any, spec: HarnessSpec, chunks: list[Any], iters: list[Any]) -> Any:
-    """One step's forward and backward over its micro-batches (``fb``: megatron-core's schedule); the micro-batches'
-    losses."""
-    return fb(forward_step_func=_forward_step, data_iterator=iters if len(iters) > 1 else iters[0],
-              model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=spec.num_microbatches,
-              seq_length=spec.seq_length, micro_batch_size=spec.layout["micro_batch_size"],
-              decoder_seq_length=spec.seq_length, forward_only=False)
 
 
 def _warm_start(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, corpus: Any, out: _Out, rank: int,
