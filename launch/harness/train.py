@@ -113,17 +113,22 @@ def _set_lr(spec: HarnessSpec, opt: Any, k: int) -> None:
         g["weight_decay"] = 0.1 * float(g.get("wd_mult", 1.0))
 
 
+def _zero_and_run(fb: Any, spec: HarnessSpec, chunks: list[Any], opt: Any, iters: list[Any], k: int) -> Any:
+    """Step ``k``'s gradients zeroed, its learning rate set, its forward and backward run; the micro-batches' losses."""
+    for c in chunks:
+        c.zero_grad_buffer()
+    opt.zero_grad()
+    _set_lr(spec, opt, k)
+    return _forward_backward(fb, spec, chunks, iters)
+
+
 def _warm_start(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, corpus: Any, out: _Out, rank: int,
                 last: bool) -> Any:
     """Train the seed's weights ``pretrain_steps`` steps (data steps 0 .. pretrain-1), write them as the check's
     starting checkpoint, load them back; returns a fresh optimizer for the measured steps."""
     it0 = [_batches(spec, corpus, 0) for _ in chunks]
     for k in range(1, spec.pretrain_steps + 1):
-        for c in chunks:
-            c.zero_grad_buffer()
-        opt.zero_grad()
-        _set_lr(spec, opt, k)
-        pl = _forward_backward(fb, spec, chunks, it0)
+        pl = _zero_and_run(fb, spec, chunks, opt, it0, k)
         opt.step()
         pre = _global_loss(pl, last)
         if rank == 0:
@@ -154,11 +159,7 @@ def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, it
         if prof is not None:
             prof.start()
         t0 = time.perf_counter()
-        for c in chunks:
-            c.zero_grad_buffer()
-        opt.zero_grad()
-        _set_lr(spec, opt, step)
-        losses = _forward_backward(fb, spec, chunks, iters)
+        losses = _zero_and_run(fb, spec, chunks, opt, iters, step)
         if step == 1 and spec.dump_grads:
             torch.cuda.synchronize()
             t_dump = time.perf_counter()
@@ -184,16 +185,10 @@ def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, it
         times.append(dt)
         loss_v = _global_loss(losses, last)
         if rank == 0:
-            out.write({
-                "event": "step",
-                "step": step,
-                "step_time_s": dt,
-                "tokens_per_s_per_gpu": tokens_per_step / dt / world,
-                "loss": loss_v,
-                "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                "update_successful": bool(ok),
-                **({"profiled": True} if step == spec.profile_step else {}),
-            })
+            out.write({"event": "step", "step": step, "step_time_s": dt,
+                       "tokens_per_s_per_gpu": tokens_per_step / dt / world, "loss": loss_v,
+                       "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                       "update_successful": bool(ok), **({"profiled": True} if step == spec.profile_step else {})})
     return times
 
 
@@ -211,24 +206,14 @@ def _summary(spec: HarnessSpec, chunks: list[Any], times: list[float], build_s: 
         return
     med = median_after_warmup(times, spec.warmup_steps)
     out.write({
-        "event": "summary",
-        "steps": len(times),
-        "warmup_steps": spec.warmup_steps,
-        "median_step_time_s": med,
+        "event": "summary", "steps": len(times), "warmup_steps": spec.warmup_steps, "median_step_time_s": med,
         "step_time_cv": cv(times[spec.warmup_steps:]),
-        "tokens_per_s_per_gpu": (spec.global_batch_size * spec.seq_length / med / world
-                                 if med and math.isfinite(med) else None),
-        "peak_allocated_bytes": [g[0] for g in gathered],
-        "peak_reserved_bytes": [g[1] for g in gathered],
-        "build_s": build_s,
-        "layout": spec.layout,
-        "versions": _versions(),
-        "notes": list(spec.notes),
-        "num_microbatches": spec.num_microbatches,
-        "label": spec.label,
-        "precision": spec.precision,
-        "run_options": _run_options(spec),
-        "host_memory_per_rank": [g[2] for g in gathered],
+        "tokens_per_s_per_gpu": spec.global_batch_size * spec.seq_length / med / world if med and math.isfinite(med)
+        else None,
+        "peak_allocated_bytes": [g[0] for g in gathered], "peak_reserved_bytes": [g[1] for g in gathered],
+        "build_s": build_s, "layout": spec.layout, "versions": _versions(), "notes": list(spec.notes),
+        "num_microbatches": spec.num_microbatches, "label": spec.label, "precision": spec.precision,
+        "run_options": _run_options(spec), "host_memory_per_rank": [g[2] for g in gathered],
         "peak_host_rss_bytes": max((g[2].get("peak_rss_bytes") or 0) for g in gathered),
     })
 
