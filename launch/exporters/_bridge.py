@@ -27,10 +27,9 @@ from typing import Any
 import yaml
 
 from launch.exporters._base import ExportContext, Exporter
-from launch.exporters._flags import _check, _pipeline_layout_string
+from launch.exporters._flags import _check, _pipeline_layout_string, _recompute
 from specs import RunOptions
 from specs.errors import TunerError
-from specs.layout import RecomputeGranularity
 from specs.precision import TORCH_DTYPES
 from specs.units import GIB
 
@@ -124,13 +123,7 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
         m["expert_tensor_parallel_size"] = lay.etp
     if pls is not None:
         m["pipeline_model_parallel_layout"] = pls
-    g = lay.recompute_granularity
-    m["recompute_granularity"] = None if g == RecomputeGranularity.none else g.value
-    if g == RecomputeGranularity.full:
-        m["recompute_method"] = lay.recompute_method.value
-        m["recompute_num_layers"] = lay.recompute_num_layers
-    elif g == RecomputeGranularity.selective:
-        m["recompute_modules"] = list(lay.recompute_modules or ("core_attn",))
+    m |= {f"recompute_{k}": v for k, v in (_recompute(lay) or {"granularity": None}).items()}
     if model.is_moe:
         m["moe_token_dispatcher_type"] = lay.dispatcher.moe_token_dispatcher_type
         if lay.dispatcher.moe_flex_dispatcher_backend:

@@ -6,7 +6,7 @@ recipe (``tests/fixtures/seed_minimax_m2_recipe.yaml``) gives the environment, o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from launch.exporters._shell import group_flags
 from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, Precision, RunOptions, Workload, megatron_core_version
@@ -465,18 +465,21 @@ def _parallel_args(layout: Layout, model: ModelSpec) -> list[str]:
     return a
 
 
-def _recompute_args(layout: Layout) -> list[str]:
+def _recompute(layout: Layout) -> dict[str, Any]:
+    """The layout's recompute settings by Megatron's ``recompute_*`` suffix: granularity, method and num_layers (full),
+    granularity and modules (selective), none (none)."""
     g = layout.recompute_granularity
     if g == RecomputeGranularity.full:
-        return [
-            "--recompute-granularity", "full",
-            "--recompute-method", layout.recompute_method.value,
-            "--recompute-num-layers", str(layout.recompute_num_layers),
-        ]  # fmt: skip
+        return {"granularity": "full", "method": layout.recompute_method.value,
+                "num_layers": int(layout.recompute_num_layers)}
     if g == RecomputeGranularity.selective:
-        return ["--recompute-granularity", "selective", "--recompute-modules",
-                *(layout.recompute_modules or ("core_attn",))]
-    return []
+        return {"granularity": "selective", "modules": list(layout.recompute_modules or ("core_attn",))}
+    return {}
+
+
+def _recompute_args(layout: Layout) -> list[str]:
+    return [a for k, v in _recompute(layout).items()
+            for a in (f"--recompute-{k.replace('_', '-')}", *(v if isinstance(v, list) else [str(v)]))]
 
 
 def _max_tokens_per_gpu(layout: Layout, workload: Workload) -> int:

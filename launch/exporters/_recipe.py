@@ -21,13 +21,13 @@ from cost_model.uncertainty import error_bars
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._bridge import bridge_scripts_note
 from launch.exporters._describe import _layout_note, _summary
-from launch.exporters._flags import GPT_YARN_SINCE, _max_tokens_per_gpu, _pipeline_layout_string
+from launch.exporters._flags import GPT_YARN_SINCE, _max_tokens_per_gpu, _pipeline_layout_string, _recompute
 from launch.exporters._shell import comment, with_note
 from launch.exporters._slime import slime_env, slime_script
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.errors import TunerError
 from specs.files import write_output
-from specs.layout import Dispatcher, Layout, RecomputeGranularity
+from specs.layout import Dispatcher, Layout
 from specs.units import GIB
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -151,15 +151,6 @@ def _model_name(model: ModelSpec) -> str:
 
 def _layout_section(layout: Layout, model: ModelSpec, workload: Workload, pls: str | None) -> dict[str, Any]:
     f, last = layout.num_layers_in_first_pipeline_stage, layout.num_layers_in_last_pipeline_stage
-    g = layout.recompute_granularity
-    recompute: dict[str, Any] | None
-    if g == RecomputeGranularity.full:
-        recompute = {"granularity": "full", "method": layout.recompute_method.value,
-                     "num_layers": int(layout.recompute_num_layers)}
-    elif g == RecomputeGranularity.selective:
-        recompute = {"granularity": "selective", "modules": list(layout.recompute_modules or ("core_attn",))}
-    else:
-        recompute = None
     offload = None
     if layout.optimizer_offload_fraction > 0:
         offload = {"optimizer_fraction": float(layout.optimizer_offload_fraction),
@@ -173,7 +164,7 @@ def _layout_section(layout: Layout, model: ModelSpec, workload: Workload, pls: s
         "pipeline_model_parallel_layout": pls,
         "max_tokens_per_gpu": _max_tokens_per_gpu(layout, workload),
         "rows_per_microbatch": int(layout.micro_batch_size),
-        "recompute": recompute,
+        "recompute": _recompute(layout) or None,
         "offload": offload,
         "dispatcher": layout.dispatcher.value if model.is_moe else None,
         "optimizer": {"distributed": bool(layout.use_distributed_optimizer),
