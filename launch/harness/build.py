@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -31,10 +32,9 @@ def _config_fields(cfg: Any, names: tuple[str, ...]) -> dict[str, Any]:
 _TRANSFORMER_FIELDS = (
     "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",
     "num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_grouped_gemm", "moe_token_dispatcher_type",
-    "moe_flex_dispatcher_backend",
-    "moe_permute_fusion", "moe_router_dtype", "moe_shared_expert_intermediate_size", "multi_latent_attention",
-    "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm",
-    "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "moe_flex_dispatcher_backend", "moe_permute_fusion", "moe_router_dtype", "moe_shared_expert_intermediate_size",
+    "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+    "qk_layernorm", "tensor_model_parallel_size", "pipeline_model_parallel_size",
     "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",
     "expert_tensor_parallel_size", "sequence_parallel", "recompute_granularity", "recompute_method",
     "recompute_num_layers", "recompute_modules", "fp8", "fp8_recipe",
@@ -71,18 +71,12 @@ def _versions() -> dict[str, str]:
     import torch
 
     v = {"torch": torch.__version__, "cuda": str(torch.version.cuda), "python": sys.version.split()[0]}
-    try:
-        from megatron.core import package_info
-
-        v["megatron_core"] = package_info.__version__
-    except Exception:  # noqa: BLE001
-        v["megatron_core"] = "unknown"
-    try:
-        import transformer_engine
-
-        v["transformer_engine"] = transformer_engine.__version__
-    except Exception:  # noqa: BLE001
-        v["transformer_engine"] = "not installed"
+    for key, module, missing in (("megatron_core", "megatron.core.package_info", "unknown"),
+                                 ("transformer_engine", "transformer_engine", "not installed")):
+        try:
+            v[key] = importlib.import_module(module).__version__
+        except Exception:  # noqa: BLE001
+            v[key] = missing
     try:
         v["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         v["gpu"] = torch.cuda.get_device_name()
