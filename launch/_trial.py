@@ -27,6 +27,7 @@ from typing import Any
 from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped
 from launch.harness.results import HarnessResult, StepRecord, classify_failure, parse_results
 from launch.megatron_log import MegatronLogReader
+from specs.errors import TunerError
 from specs.layout import Layout
 
 __all__ = ["INTERRUPT_GRACE_S", "SAFE_ENV", "STOP_GRACE_S", "HarnessLines", "LocalProcess", "MeasuredBackend",
@@ -205,8 +206,6 @@ class LocalProcess(TrialProcesses):
     """
 
     def __init__(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str], trial_dir: Path) -> None:
-        from specs.errors import TunerError
-
         orphans = running_trials(trial_dir.parent)
         if orphans:
             raise TunerError(f"{', '.join(orphans)} of an earlier run still run on this host and may hold its GPUs; "
@@ -426,12 +425,16 @@ class MeasuredBackend(TrialBackend):
     of each run."""
 
     source = "measured"
-    trials_dir: Path
-    warmup_steps: int
-    timeout_s: float
-    poll_s: float
 
-    def __init__(self) -> None:
+    def __init__(self, trials_dir: Path, steps: int, warmup_steps: int, timeout_s: float, poll_s: float) -> None:
+        """Raises TunerError: ``steps`` < 1, warm-up outside ``[0, steps)``, or timeout <= 0 s."""
+        if steps < 1 or not 0 <= warmup_steps < steps:
+            raise TunerError(f"--backend {self.name}: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, "
+                             f"{warmup_steps}")
+        if not timeout_s > 0:
+            raise TunerError(f"--backend {self.name}: the trial timeout must be > 0 s, got {timeout_s}")
+        self.trials_dir, self.steps, self.warmup_steps = trials_dir, steps, warmup_steps
+        self.timeout_s, self.poll_s = float(timeout_s), poll_s
         self._count = 0
         self._cancel = threading.Event()
 

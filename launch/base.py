@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from specs import Cluster, ModelSpec, Workload
-from specs.errors import TunerError
 from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 
 __all__ = ["BackendSettings", "FailureKind", "Measurement", "StepReporter", "TrialBackend", "TrialFailed",
-           "TrialStopped", "check_trial_limits", "or_list"]
+           "TrialStopped", "or_list"]
 
 
 class FailureKind(str, Enum):
@@ -162,15 +161,6 @@ class TrialBackend(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (default: nothing)."""
-
-
-def check_trial_limits(backend: str, steps: int, warmup_steps: int, timeout_s: float) -> None:
-    """Raises TunerError: ``steps`` < 1, warm-up outside ``[0, steps)``, or timeout <= 0 s."""
-    if steps < 1 or not 0 <= warmup_steps < steps:
-        raise TunerError(f"--backend {backend}: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, "
-                         f"{warmup_steps}")
-    if not timeout_s > 0:
-        raise TunerError(f"--backend {backend}: the trial timeout must be > 0 s, got {timeout_s}")
 
 
 def or_list(names: list[str]) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch._trial import SAFE_ENV, LocalProcess, MeasuredBackend, MegatronLogSteps, free_port
-from launch.base import BackendSettings, Measurement, StepReporter, check_trial_limits
+from launch.base import BackendSettings, Measurement, StepReporter
 from specs import Cluster, ModelSpec, Workload
 from specs._data import load_user_yaml
 from specs.errors import InfeasibleLayout, TunerError
@@ -250,14 +250,9 @@ class CommandBackend(MeasuredBackend):
         prog = tpl.argv[0]
         if "{" not in prog and shutil.which(prog) is None:
             raise TunerError(f"--command-template {tpl.source}: the program {prog!r} (argv[0]) is not found on PATH")
-        self.timeout_s = float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s)
-        check_trial_limits("command", steps, warmup_steps, self.timeout_s)
-        super().__init__()
+        super().__init__(Path(trials_dir), steps, warmup_steps,
+                         float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s), poll_s)
         self.template = tpl
-        self.trials_dir = Path(trials_dir)
-        self.steps = steps
-        self.warmup_steps = warmup_steps
-        self.poll_s = poll_s
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> CommandBackend:

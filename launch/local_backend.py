@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from launch._trial import SAFE_ENV, HarnessLines, LocalProcess, MeasuredBackend, free_port
-from launch.base import BackendSettings, Measurement, StepReporter, check_trial_limits
+from launch.base import BackendSettings, Measurement, StepReporter
 from launch.harness.spec import HarnessEnv, build_spec, harness_args, importable, torchrun_command, unsupported_reasons
 from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
@@ -114,16 +114,10 @@ class LocalBackend(MeasuredBackend):
             why = ("CUDA_VISIBLE_DEVICES lists none" if os.environ.get("CUDA_VISIBLE_DEVICES") is not None
                    else "nvidia-smi -L lists none" if shutil.which("nvidia-smi") else "nvidia-smi is not installed")
             raise TunerError(f"--backend local: no GPU found on this machine ({why})")
-        check_trial_limits("local", steps, warmup_steps, timeout_s)
-        super().__init__()
-        self.trials_dir = Path(trials_dir)
+        super().__init__(Path(trials_dir), steps, warmup_steps, timeout_s, poll_s)
         self.num_gpus = n
-        self.steps = steps
-        self.warmup_steps = warmup_steps
-        self.timeout_s = float(timeout_s)
         self.launcher = list(launcher) if launcher is not None else None
         self.env = env if env is not None else HarnessEnv.detect()
-        self.poll_s = poll_s
         self.harness_options = dict(harness_options or {})
 
     @classmethod

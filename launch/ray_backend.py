@@ -28,7 +28,7 @@ from launch._trial import (
     start_watchdog,
     tail,
 )
-from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialFailed, check_trial_limits
+from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialFailed
 from launch.harness.spec import HARNESS_MODULE, HarnessEnv, build_spec, harness_args, unsupported_reasons
 from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
@@ -218,21 +218,16 @@ class RayBackend(MeasuredBackend):
                  gpu_resource: str = "GPU", env: HarnessEnv | None = None, retries: int = 1,
                  placement_timeout_s: float = 600.0, poll_s: float = 0.5,
                  init_kwargs: Mapping[str, Any] | None = None) -> None:
-        check_trial_limits("ray", steps, warmup_steps, timeout_s)
-        super().__init__()
-        self.trials_dir = Path(trials_dir).absolute()  # the nodes resolve it, not the driver's working folder
+        # trials_dir absolute: the nodes resolve it, not the driver's working folder
+        super().__init__(Path(trials_dir).absolute(), steps, warmup_steps, timeout_s, poll_s)
         self.address = address
         self.gpus_per_node = int(gpus_per_node)
-        self.steps = steps
-        self.warmup_steps = warmup_steps
-        self.timeout_s = float(timeout_s)
         self.extra_env = dict(extra_env or {})
         self.launcher = list(launcher) if launcher is not None else None
         self.gpu_resource = gpu_resource
         self.env = env if env is not None else HarnessEnv.detect()
         self.retries = int(retries)
         self.placement_timeout_s = float(placement_timeout_s)
-        self.poll_s = poll_s
         self._started_ray = False
         self._connect(dict(init_kwargs or {}))
 
