@@ -78,13 +78,11 @@ class HarnessResult:
     @property
     def peak_reserved_bytes(self) -> float:
         """Max over ranks of peak reserved memory (bytes); NaN if unknown."""
-        v = self.summary.get("peak_reserved_bytes") or []
-        return float(max(v)) if v else math.nan
+        return float(max(self.summary.get("peak_reserved_bytes") or [math.nan]))
 
     @property
     def peak_allocated_bytes(self) -> float:
-        v = self.summary.get("peak_allocated_bytes") or []
-        return float(max(v)) if v else math.nan
+        return float(max(self.summary.get("peak_allocated_bytes") or [math.nan]))
 
 
 def read_lines(path: str | Path) -> list[dict[str, Any]]:
