@@ -9,6 +9,7 @@ lines, or Megatron's log) hold what differs between the backends."""
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
 import math
 import os
@@ -78,10 +79,8 @@ def kill_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> 
             proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             continue
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         return
 
 

@@ -9,6 +9,7 @@ Sources: Ray "Placement Groups" (docs.ray.io); PyTorch "torchrun (Elastic Launch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -189,10 +190,8 @@ class _RayNodes(TrialProcesses):
 
         self.kill(INTERRUPT_GRACE_S)
         for a in self.actors:
-            try:
+            with contextlib.suppress(Exception):
                 ray.kill(a)
-            except Exception:  # noqa: BLE001
-                pass
 
 
 class RayBackend(MeasuredBackend):
@@ -366,10 +365,8 @@ class RayBackend(MeasuredBackend):
                                                    "notes": list(got.result.start.get("notes", []))})
         finally:
             nodes.close()
-            try:
+            with contextlib.suppress(Exception):
                 remove_placement_group(pg)
-            except Exception:  # noqa: BLE001
-                pass
 
 
 def parse_ray_address(address: str) -> tuple[str, int] | None:

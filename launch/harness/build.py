@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import json
@@ -77,11 +78,9 @@ def _versions() -> dict[str, str]:
             v[key] = importlib.import_module(module).__version__
         except Exception:  # noqa: BLE001
             v[key] = missing
-    try:
+    with contextlib.suppress(Exception):
         v["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         v["gpu"] = torch.cuda.get_device_name()
-    except Exception:  # noqa: BLE001
-        pass
     return v
 
 

@@ -16,6 +16,7 @@ Exit status: 0 done (whatever the verdict); 2 bad arguments or no Transformer En
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -548,10 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return 1
     finally:
-        try:
+        with contextlib.suppress(Exception):
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001
-            pass
     return 0
 
 

@@ -13,6 +13,7 @@ Exit status: 0 done; 2 bad spec or refused layout (before any GPU work); 3 out o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -292,11 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
-    try:
+    with contextlib.suppress(Exception):
         dist.barrier()
         dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        pass
     return 0
 
 
