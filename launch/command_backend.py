@@ -1,10 +1,11 @@
 """The ``command`` backend: each trial is the user's own launch command (slime, Megatron-LM), its log parsed.
 
-A launch template (``--command-template FILE``, YAML or JSON)::
+A launch template (``--command-template FILE``, YAML or JSON; ``launch/templates/slime_command.yaml`` is one)::
 
-argv: [torchrun, --nproc-per-node, "{gpus_per_node}", pretrain_gpt.py, "{model_args}", "{layout_args}", ...] env:
-{NCCL_DEBUG: WARN} # optional; values may hold placeholders too timeout_s: 1800 # optional; else --trial-timeout
-framework: megatron # optional: megatron (default) or slime, for {layout_args}
+    argv: [torchrun, --nproc-per-node, "{gpus_per_node}", pretrain_gpt.py, "{model_args}", "{layout_args}", ...]
+    env: {NCCL_DEBUG: WARN}  # optional; values may hold placeholders too
+    timeout_s: 1800          # optional; else --trial-timeout
+    framework: megatron      # optional: megatron (default) or slime, for {layout_args}
 
 Placeholders are substituted in each argv element on its own and the command runs without a shell, so a value is
 never re-split (in a ``bash -c SCRIPT`` template's script each value is ``shlex.quote``-d). ``{model_args}`` and
