@@ -50,16 +50,6 @@ FAULTS: dict[str, str] = {
 #: amax history) and ``tensorwise`` (per-tensor current scaling); ``blockwise`` (DeepSeek-style 128x128 / 1x128 blocks).
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 
-#: The HarnessSpec fields ``build_spec(options=...)`` and ``LocalBackend(harness_options=...)`` accept.
-HARNESS_OPTIONS = frozenset({
-    "data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault", "pretrain_steps",
-    "data_step_offset", "lr_warmup_steps", "fp8_recipe", "fp8_param_gather", "grad_reduce_in_fp32",
-    "cross_entropy_fusion", "moe_permute_fusion",
-    "saved_tensor_census", "dump_grads", "label", "profile_step", "forward_only_steps", "memory_phases",
-    "gc_after_build", "megatron_fusions",
-})
-
-
 def slice_model(model: ModelSpec, num_layers: int | None) -> ModelSpec:
     """``model`` cut to its first ``num_layers`` decoder layers at full width (their ``moe_layer_freq`` entries; MTP
     layers dropped).
@@ -295,6 +285,13 @@ class HarnessSpec:
 
     def layout_obj(self) -> Layout:
         return Layout.from_dict(self.layout)
+
+
+#: The HarnessSpec fields ``build_spec(options=...)`` and ``LocalBackend(harness_options=...)`` accept: all but those
+#: :func:`build_spec` sets itself.
+HARNESS_OPTIONS = frozenset(f.name for f in dataclasses.fields(HarnessSpec)) - {
+    "model", "layout", "seq_length", "global_batch_size", "precision", "steps", "warmup_steps", "seed",
+    "use_transformer_engine", "notes", "extra"}
 
 
 def fault_reasons(fault: str | None, layout: Layout, env: HarnessEnv) -> list[str]:
