@@ -16,7 +16,6 @@ from launch.exporters._recipe import (
     recipe_dict,
     recipe_schema,
     validate_recipe,
-    write_recipe,
 )
 from launch.exporters._registry import exporter_names, exporters, get_exporter, main_job_exporters, register_exporter
 from launch.exporters._slime import SLIME_SCRIPT_ENV, SlimeScriptExporter, slime_script
@@ -24,7 +23,7 @@ from launch.exporters._slime import SLIME_SCRIPT_ENV, SlimeScriptExporter, slime
 __all__ = ["BridgeExporter", "ExportContext", "Exporter", "MegatronArgsExporter", "RecipeExporter", "SLIME_SCRIPT_ENV",
            "SlimeScriptExporter", "bridge_left_out", "dump_recipe", "bridge_yaml", "exporter_names", "exporters",
            "get_exporter", "main_job_exporters", "measurement_from_row", "megatron_args_script", "recipe_dict",
-           "recipe_schema", "register_exporter", "slime_script", "validate_recipe", "write_recipe"]
+           "recipe_schema", "register_exporter", "slime_script", "validate_recipe"]
 
 register_exporter(RecipeExporter())
 register_exporter(SlimeScriptExporter())

@@ -22,11 +22,10 @@ from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._bridge import bridge_scripts_note
 from launch.exporters._describe import _layout_note, _summary
 from launch.exporters._flags import GPT_YARN_SINCE, _max_tokens_per_gpu, _pipeline_layout_string, _recompute
-from launch.exporters._shell import comment, with_note
+from launch.exporters._shell import with_note
 from launch.exporters._slime import slime_env, slime_script
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.errors import TunerError
-from specs.files import write_output
 from specs.layout import Dispatcher, Layout
 from specs.units import GIB
 
@@ -34,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from cost_model.types import Estimate
     from launch.base import Measurement
 
-__all__ = ["recipe_dict", "dump_recipe", "write_recipe", "validate_recipe", "recipe_schema", "measurement_from_row",
+__all__ = ["recipe_dict", "dump_recipe", "validate_recipe", "recipe_schema", "measurement_from_row",
            "RecipeExporter"]
 
 _STACK_FRAMEWORK = "slime or Megatron-LM (a version with --pipeline-model-parallel-layout and the megatron_core below)"
@@ -354,17 +353,6 @@ _Dumper.add_representer(str, _represent_str)
 def dump_recipe(recipe: Mapping[str, Any]) -> str:
     """The recipe as YAML behind a comment header, keys in the dict's order."""
     return _RECIPE_HEADER + yaml.dump(dict(recipe), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
-
-
-def write_recipe(path: str | Path, recipe: Mapping[str, Any], *, force: bool = False) -> Path:
-    """Validate ``recipe`` and write it as YAML to ``path``.
-
-    Raises:
-        TunerError: as :func:`validate_recipe` or :func:`specs.files.write_output`.
-    """
-    validate_recipe(recipe)
-    p = Path(path)
-    return write_output(p, comment(p.name, None)[0] + "\n" + dump_recipe(recipe), force=force)
 
 
 # --------------------------------------------------------------------------- schema
