@@ -2,7 +2,7 @@
 
 ``tune export --format NAME`` and the files ``tune`` writes come from this registry, in registration order; the RL
 formats register from :mod:`rl.exporters`. A new format: one :class:`Exporter` subclass and one
-:func:`register_exporter` line below."""
+entry in the :func:`register_exporter` loop below."""
 
 from __future__ import annotations
 
@@ -25,7 +25,5 @@ __all__ = ["BridgeExporter", "ExportContext", "Exporter", "MegatronArgsExporter"
            "get_exporter", "main_job_exporters", "measurement_from_row", "megatron_args_script", "recipe_dict",
            "recipe_schema", "register_exporter", "slime_script", "validate_recipe"]
 
-register_exporter(RecipeExporter())
-register_exporter(SlimeScriptExporter())
-register_exporter(MegatronArgsExporter())
-register_exporter(BridgeExporter())
+for _format in (RecipeExporter(), SlimeScriptExporter(), MegatronArgsExporter(), BridgeExporter()):
+    register_exporter(_format)
