@@ -1,8 +1,8 @@
 """Export formats: each an :class:`Exporter` rendering one layout (or one ``tune rl`` plan) as one file.
 
 ``tune export --format NAME`` and the files ``tune`` writes come from this registry, in registration order; the RL
-formats register from :mod:`rl.exporters`. A new format: one :class:`Exporter` subclass and one
-entry in the :func:`register_exporter` loop below."""
+formats register from :mod:`rl.exporters`. A new format: one :class:`Exporter` subclass and one entry in the
+:func:`register_exporter` loop below."""
 
 from __future__ import annotations
 
