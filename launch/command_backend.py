@@ -70,15 +70,7 @@ def _names(text: str) -> tuple[list[str], list[str]]:
 
 
 def _substitute(text: str, values: Mapping[str, str]) -> str:
-    def one(m: re.Match[str]) -> str:
-        tok = m.group(0)
-        if tok == "{{":
-            return "{"
-        if tok == "}}":
-            return "}"
-        return values[m.group(1)]
-
-    return _TOKEN_RE.sub(one, text)
+    return _TOKEN_RE.sub(lambda m: {"{{": "{", "}}": "}"}.get(m.group(0)) or values[m.group(1)], text)
 
 
 def _shell_script_index(argv: tuple[str, ...]) -> int | None:
