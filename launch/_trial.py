@@ -9,12 +9,15 @@ lines, or Megatron's log) hold what differs between the backends."""
 from __future__ import annotations
 
 import abc
+import contextlib
+import json
 import math
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +28,7 @@ from typing import Any
 from launch.base import FailureKind, Measurement, StepReporter, TrialBackend, TrialFailed, TrialStopped
 from launch.harness.results import HarnessResult, StepRecord, classify_failure, parse_results
 from launch.megatron_log import MegatronLogReader
+from specs.errors import TunerError
 from specs.layout import Layout
 
 __all__ = ["INTERRUPT_GRACE_S", "SAFE_ENV", "STOP_GRACE_S", "HarnessLines", "LocalProcess", "MeasuredBackend",
@@ -75,17 +79,14 @@ def kill_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> 
             proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             continue
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         return
 
 
 def _die_with_parent() -> None:
     """``preexec_fn``: SIGTERM when the starting thread dies (Linux ``prctl(PR_SET_PDEATHSIG)``)."""
     import ctypes
-    import sys
 
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
@@ -122,8 +123,6 @@ while alive():
 
 def start_watchdog(pgid: int, grace_s: float = INTERRUPT_GRACE_S) -> subprocess.Popen[bytes]:
     """Start the watchdog (:data:`_WATCHDOG`) that kills process group ``pgid`` when this process dies."""
-    import sys
-
     return subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHDOG, str(os.getpid()), str(pgid), str(grace_s)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -131,8 +130,6 @@ def start_watchdog(pgid: int, grace_s: float = INTERRUPT_GRACE_S) -> subprocess.
 
 def record_process(trial_dir: Path, pgid: int, name: str = "process.json") -> None:
     """Write the host, the process group and the driver's pid to ``trial_dir/name``."""
-    import json
-
     (trial_dir / name).write_text(json.dumps({"host": socket.gethostname(), "pgid": pgid,
                                               "driver": os.getpid()}) + "\n")
 
@@ -140,8 +137,6 @@ def record_process(trial_dir: Path, pgid: int, name: str = "process.json") -> No
 def running_trials(trials_dir: Path) -> list[str]:
     """The trials under ``trials_dir`` on this host whose process group still runs while their driver is gone, as
     ``"trial N (process group P)"``."""
-    import json
-
     host, out = socket.gethostname(), []
     for rec in sorted(trials_dir.glob("*/process.json")):
         try:
@@ -149,21 +144,15 @@ def running_trials(trials_dir: Path) -> list[str]:
             pgid, driver = int(d["pgid"]), int(d["driver"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if d.get("host") != host or _pid_alive(driver):
-            continue
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            continue
-        except PermissionError:
-            pass
-        out.append(f"trial {rec.parent.name} (process group {pgid})")
+        if d.get("host") == host and not _alive(os.kill, driver) and _alive(os.killpg, pgid):
+            out.append(f"trial {rec.parent.name} (process group {pgid})")
     return out
 
 
-def _pid_alive(pid: int) -> bool:
+def _alive(send: Callable[[int, int], None], pid: int) -> bool:
+    """Whether signal 0 reaches ``pid`` (``os.kill``) or process group ``pid`` (``os.killpg``)."""
     try:
-        os.kill(pid, 0)
+        send(pid, 0)
         return True
     except ProcessLookupError:
         return False
@@ -216,8 +205,6 @@ class LocalProcess(TrialProcesses):
     """
 
     def __init__(self, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str], trial_dir: Path) -> None:
-        from specs.errors import TunerError
-
         orphans = running_trials(trial_dir.parent)
         if orphans:
             raise TunerError(f"{', '.join(orphans)} of an earlier run still run on this host and may hold its GPUs; "
@@ -294,16 +281,10 @@ class HarnessLines(StepSource):
     def finish(self) -> TrialSteps:
         res = parse_results(self._read_text())
         measured = res.complete and bool(res.summary.get("tokens_per_s_per_gpu"))
-        return TrialSteps(
-            steps=res.steps,
-            result=res,
-            measured=measured,
-            tokens_per_s_per_gpu=float(res.summary["tokens_per_s_per_gpu"]) if measured else math.nan,
-            peak_reserved_bytes=res.peak_reserved_bytes,
-            peak_allocated_bytes=res.peak_allocated_bytes,
-            step_time_cv=res.summary.get("step_time_cv"),
-            summary=res.summary,
-        )
+        return TrialSteps(steps=res.steps, result=res, measured=measured,
+                          tokens_per_s_per_gpu=float(res.summary["tokens_per_s_per_gpu"]) if measured else math.nan,
+                          peak_reserved_bytes=res.peak_reserved_bytes, peak_allocated_bytes=res.peak_allocated_bytes,
+                          step_time_cv=res.summary.get("step_time_cv"), summary=res.summary)
 
 
 class MegatronLogSteps(StepSource):
@@ -341,16 +322,11 @@ class MegatronLogSteps(StepSource):
             return TrialSteps(steps=result.steps, result=result, measured=False)
         summary: dict[str, Any] = parsed.summary(**self._sizes, warmup_steps=self._warmup_steps)
         summary |= {"iterations": len(its), "memory_reports": len(parsed.memory), "bad_lines": parsed.bad_lines}
-        return TrialSteps(
-            steps=result.steps,
-            result=result,
-            measured=True,
-            tokens_per_s_per_gpu=float(summary["tokens_per_s_per_gpu"]),
-            peak_reserved_bytes=parsed.peak_reserved_bytes,
-            peak_allocated_bytes=parsed.peak_allocated_bytes,
-            step_time_cv=summary["step_time_cv"],
-            summary=summary,
-        )
+        return TrialSteps(steps=result.steps, result=result, measured=True,
+                          tokens_per_s_per_gpu=float(summary["tokens_per_s_per_gpu"]),
+                          peak_reserved_bytes=parsed.peak_reserved_bytes,
+                          peak_allocated_bytes=parsed.peak_allocated_bytes, step_time_cv=summary["step_time_cv"],
+                          summary=summary)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -425,13 +401,9 @@ class Trial:
         if not timed_out and all(rc == 0 for rc in rcs) and got.measured:
             kept = got.steps[self.warmup_steps:] or got.steps
             return Measurement(
-                layout=self.layout,
-                source=self.source,
-                tokens_per_s_per_gpu=got.tokens_per_s_per_gpu,
-                peak_bytes=got.peak_reserved_bytes,
-                step_times_s=tuple(s.step_time_s for s in kept),
-                losses=tuple(s.loss for s in got.steps),
-                grad_norms=tuple(s.grad_norm for s in got.steps),
+                layout=self.layout, source=self.source, tokens_per_s_per_gpu=got.tokens_per_s_per_gpu,
+                peak_bytes=got.peak_reserved_bytes, step_times_s=tuple(s.step_time_s for s in kept),
+                losses=tuple(s.loss for s in got.steps), grad_norms=tuple(s.grad_norm for s in got.steps),
                 log_path=str(self.trial_dir),
                 extra={"summary": got.summary, "wall_s": wall_s, "peak_allocated_bytes": got.peak_allocated_bytes,
                        "step_time_cv": got.step_time_cv, **(extra(got) if extra is not None else {})},
@@ -452,12 +424,16 @@ class MeasuredBackend(TrialBackend):
     of each run."""
 
     source = "measured"
-    trials_dir: Path
-    warmup_steps: int
-    timeout_s: float
-    poll_s: float
 
-    def __init__(self) -> None:
+    def __init__(self, trials_dir: Path, steps: int, warmup_steps: int, timeout_s: float, poll_s: float) -> None:
+        """Raises TunerError: ``steps`` < 1, warm-up outside ``[0, steps)``, or timeout <= 0 s."""
+        if steps < 1 or not 0 <= warmup_steps < steps:
+            raise TunerError(f"--backend {self.name}: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, "
+                             f"{warmup_steps}")
+        if not timeout_s > 0:
+            raise TunerError(f"--backend {self.name}: the trial timeout must be > 0 s, got {timeout_s}")
+        self.trials_dir, self.steps, self.warmup_steps = trials_dir, steps, warmup_steps
+        self.timeout_s, self.poll_s = float(timeout_s), poll_s
         self._count = 0
         self._cancel = threading.Event()
 

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from specs import Cluster, ModelSpec, Workload
-from specs.errors import TunerError
 from specs.layout import Layout
 from specs.units import DEFAULT_MEMORY_HEADROOM
 
 __all__ = ["BackendSettings", "FailureKind", "Measurement", "StepReporter", "TrialBackend", "TrialFailed",
-           "TrialStopped", "check_trial_limits"]
+           "TrialStopped", "or_list"]
 
 
 class FailureKind(str, Enum):
@@ -164,10 +163,6 @@ class TrialBackend(abc.ABC):
         """Release resources (default: nothing)."""
 
 
-def check_trial_limits(backend: str, steps: int, warmup_steps: int, timeout_s: float) -> None:
-    """Raises TunerError: ``steps`` < 1, warm-up outside ``[0, steps)``, or timeout <= 0 s."""
-    if steps < 1 or not 0 <= warmup_steps < steps:
-        raise TunerError(f"--backend {backend}: steps must be >= 1 and warm-up steps in [0, steps), got {steps}, "
-                         f"{warmup_steps}")
-    if not timeout_s > 0:
-        raise TunerError(f"--backend {backend}: the trial timeout must be > 0 s, got {timeout_s}")
+def or_list(names: list[str]) -> str:
+    """``a``, ``a or b`` or ``a, b or c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]

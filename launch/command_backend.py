@@ -1,10 +1,11 @@
 """The ``command`` backend: each trial is the user's own launch command (slime, Megatron-LM), its log parsed.
 
-A launch template (``--command-template FILE``, YAML or JSON)::
+A launch template (``--command-template FILE``, YAML or JSON; ``launch/templates/slime_command.yaml`` is one)::
 
-argv: [torchrun, --nproc-per-node, "{gpus_per_node}", pretrain_gpt.py, "{model_args}", "{layout_args}", ...] env:
-{NCCL_DEBUG: WARN} # optional; values may hold placeholders too timeout_s: 1800 # optional; else --trial-timeout
-framework: megatron # optional: megatron (default) or slime, for {layout_args}
+    argv: [torchrun, --nproc-per-node, "{gpus_per_node}", pretrain_gpt.py, "{model_args}", "{layout_args}", ...]
+    env: {NCCL_DEBUG: WARN}  # optional; values may hold placeholders too
+    timeout_s: 1800          # optional; else --trial-timeout
+    framework: megatron      # optional: megatron (default) or slime, for {layout_args}
 
 Placeholders are substituted in each argv element on its own and the command runs without a shell, so a value is
 never re-split (in a ``bash -c SCRIPT`` template's script each value is ``shlex.quote``-d). ``{model_args}`` and
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launch._trial import SAFE_ENV, LocalProcess, MeasuredBackend, MegatronLogSteps, free_port
-from launch.base import BackendSettings, Measurement, StepReporter, check_trial_limits
+from launch.base import BackendSettings, Measurement, StepReporter
 from specs import Cluster, ModelSpec, Workload
 from specs._data import load_user_yaml
 from specs.errors import InfeasibleLayout, TunerError
@@ -69,15 +70,7 @@ def _names(text: str) -> tuple[list[str], list[str]]:
 
 
 def _substitute(text: str, values: Mapping[str, str]) -> str:
-    def one(m: re.Match[str]) -> str:
-        tok = m.group(0)
-        if tok == "{{":
-            return "{"
-        if tok == "}}":
-            return "}"
-        return values[m.group(1)]
-
-    return _TOKEN_RE.sub(one, text)
+    return _TOKEN_RE.sub(lambda m: {"{{": "{", "}}": "}"}.get(m.group(0)) or values[m.group(1)], text)
 
 
 def _shell_script_index(argv: tuple[str, ...]) -> int | None:
@@ -111,19 +104,16 @@ class CommandTemplate:
                     out.append(n[4:])
         return out
 
-    def fill(
-        self,
-        layout: Layout,
-        *,
-        model: ModelSpec,
-        cluster: Cluster,
-        workload: Workload,
-        steps: int,
-        trial_dir: str | Path = "",
-        trial_number: int = 0,
-        environ: Mapping[str, str] | None = None,
-        megatron_core: str | None = None,
-    ) -> tuple[list[str], dict[str, str]]:
+    def check_env(self, environ: Mapping[str, str]) -> None:
+        """Raises TunerError: an ``{env:NAME}`` variable is not set in ``environ``."""
+        missing = [n for n in self.env_names if n not in environ]
+        if missing:
+            raise TunerError(f"--command-template {self.source}: set the environment variable(s) {', '.join(missing)} "
+                             "it uses ({env:NAME})")
+
+    def fill(self, layout: Layout, *, model: ModelSpec, cluster: Cluster, workload: Workload, steps: int,
+             trial_dir: str | Path = "", trial_number: int = 0, environ: Mapping[str, str] | None = None,
+             megatron_core: str | None = None) -> tuple[list[str], dict[str, str]]:
         """The argv and the extra environment of one trial.
 
         Raises:
@@ -132,10 +122,7 @@ class CommandTemplate:
         from launch.exporters._flags import _pipeline_layout_string, layout_args, model_args, model_for_release
 
         environ = os.environ if environ is None else environ
-        missing = [n for n in self.env_names if n not in environ]
-        if missing:
-            raise TunerError(f"--command-template {self.source}: set the environment variable(s) {', '.join(missing)} "
-                             "it uses ({env:NAME})")
+        self.check_env(environ)
         pls = _pipeline_layout_string(layout, model) or ""
         scalars: dict[str, object] = {
             "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp, "ep": layout.ep, "etp": layout.etp,
@@ -242,17 +229,9 @@ class CommandBackend(MeasuredBackend):
     name = "command"
     own_flags = frozenset({"--command-template"})
 
-    def __init__(
-        self,
-        *,
-        command_template: str | Path | CommandTemplate | None = None,
-        trials_dir: str | Path = "results/trials",
-        steps: int = 8,
-        warmup_steps: int = 2,
-        timeout_s: float = 900.0,
-        poll_s: float = 0.5,
-        megatron_core: str | None = None,
-    ) -> None:
+    def __init__(self, *, command_template: str | Path | CommandTemplate | None = None,
+                 trials_dir: str | Path = "results/trials", steps: int = 8, warmup_steps: int = 2,
+                 timeout_s: float = 900.0, poll_s: float = 0.5, megatron_core: str | None = None) -> None:
         if command_template is None or command_template == "":
             raise TunerError(
                 "--backend command needs --command-template FILE: a YAML or JSON file with argv: [...] and "
@@ -260,22 +239,13 @@ class CommandBackend(MeasuredBackend):
             )
         self.megatron_core = megatron_core
         tpl = command_template if isinstance(command_template, CommandTemplate) else load_template(command_template)
-        missing = [n for n in tpl.env_names if n not in os.environ]
-        if missing:
-            raise TunerError(f"--command-template {tpl.source}: set the environment variable(s) {', '.join(missing)} "
-                             "it uses ({env:NAME})")
+        tpl.check_env(os.environ)
         prog = tpl.argv[0]
         if "{" not in prog and shutil.which(prog) is None:
             raise TunerError(f"--command-template {tpl.source}: the program {prog!r} (argv[0]) is not found on PATH")
-        check_trial_limits("command", steps, warmup_steps,
-                           float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s))
-        super().__init__()
+        super().__init__(Path(trials_dir), steps, warmup_steps,
+                         float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s), poll_s)
         self.template = tpl
-        self.trials_dir = Path(trials_dir)
-        self.steps = steps
-        self.warmup_steps = warmup_steps
-        self.timeout_s = float(tpl.timeout_s if tpl.timeout_s is not None else timeout_s)
-        self.poll_s = poll_s
 
     @classmethod
     def from_settings(cls, settings: BackendSettings) -> CommandBackend:
@@ -296,10 +266,9 @@ class CommandBackend(MeasuredBackend):
         """
         n, tdir = self._trial_folder(trial_number)
         try:
-            argv, extra_env = self.template.fill(
-                layout, model=model, cluster=cluster, workload=workload, steps=self.steps, trial_dir=tdir.resolve(),
-                trial_number=n, megatron_core=self.megatron_core,
-            )
+            argv, extra_env = self.template.fill(layout, model=model, cluster=cluster, workload=workload,
+                                                 steps=self.steps, trial_dir=tdir.resolve(), trial_number=n,
+                                                 megatron_core=self.megatron_core)
         except InfeasibleLayout:
             raise
         except TunerError as e:  # the layout cannot be written as flags: nothing was started

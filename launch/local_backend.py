@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from launch._trial import SAFE_ENV, HarnessLines, LocalProcess, MeasuredBackend, free_port
-from launch.base import BackendSettings, Measurement, StepReporter, check_trial_limits
+from launch.base import BackendSettings, Measurement, StepReporter
 from launch.harness.spec import HarnessEnv, build_spec, harness_args, importable, torchrun_command, unsupported_reasons
 from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
@@ -105,34 +105,19 @@ class LocalBackend(MeasuredBackend):
                                   f"GPU{'s' if have != 1 else ''}; slice a model with --layers to make it fit)")
         check_harness_dependencies()
 
-    def __init__(
-        self,
-        *,
-        trials_dir: str | Path = "results/trials",
-        num_gpus: int | None = None,
-        steps: int = 8,
-        warmup_steps: int = 2,
-        timeout_s: float = 600.0,
-        launcher: Sequence[str] | None = None,
-        env: HarnessEnv | None = None,
-        poll_s: float = 0.5,
-        harness_options: dict[str, object] | None = None,
-    ) -> None:
+    def __init__(self, *, trials_dir: str | Path = "results/trials", num_gpus: int | None = None, steps: int = 8,
+                 warmup_steps: int = 2, timeout_s: float = 600.0, launcher: Sequence[str] | None = None,
+                 env: HarnessEnv | None = None, poll_s: float = 0.5,
+                 harness_options: dict[str, object] | None = None) -> None:
         n = machine_gpu_count() if num_gpus is None else num_gpus
         if n < 1:
             why = ("CUDA_VISIBLE_DEVICES lists none" if os.environ.get("CUDA_VISIBLE_DEVICES") is not None
                    else "nvidia-smi -L lists none" if shutil.which("nvidia-smi") else "nvidia-smi is not installed")
             raise TunerError(f"--backend local: no GPU found on this machine ({why})")
-        check_trial_limits("local", steps, warmup_steps, timeout_s)
-        super().__init__()
-        self.trials_dir = Path(trials_dir)
+        super().__init__(Path(trials_dir), steps, warmup_steps, timeout_s, poll_s)
         self.num_gpus = n
-        self.steps = steps
-        self.warmup_steps = warmup_steps
-        self.timeout_s = float(timeout_s)
         self.launcher = list(launcher) if launcher is not None else None
         self.env = env if env is not None else HarnessEnv.detect()
-        self.poll_s = poll_s
         self.harness_options = dict(harness_options or {})
 
     @classmethod
@@ -141,12 +126,15 @@ class LocalBackend(MeasuredBackend):
                    warmup_steps=settings.warmup_steps, timeout_s=settings.timeout_s,
                    harness_options=None if settings.profile_step is None else {"profile_step": settings.profile_step})
 
+    def _other_gpus(self, layout: Layout) -> str | None:
+        if layout.world_size == self.num_gpus:
+            return None
+        return f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
+
     def refusal(self, layout: Layout, model: ModelSpec, workload: Workload) -> str | None:
-        if layout.world_size != self.num_gpus:
-            return (f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's "
-                    f"{self.num_gpus}")
-        reasons = unsupported_reasons(layout, model, workload, self.env)
-        return "; ".join(reasons) if reasons else None
+        if why := self._other_gpus(layout):
+            return why
+        return "; ".join(unsupported_reasons(layout, model, workload, self.env)) or None
 
     def _device_env(self) -> dict[str, str]:
         """``CUDA_VISIBLE_DEVICES`` of the first ``num_gpus`` visible GPUs when the trial uses fewer than the machine
@@ -172,11 +160,8 @@ class LocalBackend(MeasuredBackend):
             TrialStopped: the reporter stopped the trial.
             KeyboardInterrupt: the backend was cancelled; the trial's processes were killed.
         """
-        if layout.world_size != self.num_gpus:
-            raise InfeasibleLayout(
-                "harness_env",
-                f"the layout is for {layout.world_size} GPUs but the local backend uses this machine's {self.num_gpus}"
-            )
+        if why := self._other_gpus(layout):
+            raise InfeasibleLayout("harness_env", why)
         spec = build_spec(model, layout, workload, env=self.env, steps=self.steps, warmup_steps=self.warmup_steps,
                           options=self.harness_options)
         _, tdir = self._trial_folder(trial_number, trial_dir)

@@ -76,11 +76,6 @@ class MegatronLog:
     def peak_allocated_bytes(self) -> float:
         return max((m.max_allocated_bytes for m in self.memory), default=math.nan)
 
-    def tokens_per_s_per_gpu(self, step_time_s: float, *, global_batch_size: int, seq_length: int,
-                             world_size: int) -> float:
-        """Throughput of a step: ``global_batch_size * seq_length / step_time_s / world_size``."""
-        return global_batch_size * seq_length / step_time_s / world_size
-
     def summary(self, *, global_batch_size: int, seq_length: int, world_size: int,
                 warmup_steps: int) -> dict[str, float]:
         """Median step time after ``warmup_steps`` logged iterations, its CV and the throughput (NaN without
@@ -88,23 +83,14 @@ class MegatronLog:
         times = [it.step_time_s for it in self.iterations]
         kept = times[warmup_steps:] if len(times) > warmup_steps else times
         med = median_after_warmup(times, warmup_steps)
-        tps = self.tokens_per_s_per_gpu(med, global_batch_size=global_batch_size, seq_length=seq_length,
-                                        world_size=world_size) if med > 0 else math.nan
+        tps = global_batch_size * seq_length / med / world_size if med > 0 else math.nan
         return {"median_step_time_s": med, "step_time_cv": cv(kept), "tokens_per_s_per_gpu": tps}
 
     def as_harness_result(self, *, global_batch_size: int, seq_length: int, world_size: int) -> HarnessResult:
         """The steps as the harness's records, for :func:`launch.harness.results.classify_failure`."""
-        steps = [
-            StepRecord(
-                step=it.iteration,
-                step_time_s=it.step_time_s,
-                tokens_per_s_per_gpu=self.tokens_per_s_per_gpu(
-                    it.step_time_s, global_batch_size=global_batch_size, seq_length=seq_length, world_size=world_size),
-                loss=it.loss,
-                grad_norm=it.grad_norm,
-            )
-            for it in self.iterations
-        ]
+        steps = [StepRecord(step=it.iteration, step_time_s=it.step_time_s, loss=it.loss, grad_norm=it.grad_norm,
+                            tokens_per_s_per_gpu=global_batch_size * seq_length / it.step_time_s / world_size)
+                 for it in self.iterations]
         return HarnessResult(steps=steps, bad_lines=self.bad_lines)
 
 
@@ -146,12 +132,8 @@ class MegatronLogReader:
             return
         loss = _LOSS_RE.search(line)
         grad = _GRAD_RE.search(line)
-        it = Iteration(
-            iteration=int(m_it.group(1)),
-            step_time_s=t_ms / 1000.0,
-            loss=float(loss.group(1)) if loss else math.nan,
-            grad_norm=float(grad.group(1)) if grad else math.nan,
-        )
+        it = Iteration(int(m_it.group(1)), t_ms / 1000.0, float(loss.group(1)) if loss else math.nan,
+                       float(grad.group(1)) if grad else math.nan)
         if it.iteration in self._by_iter:  # printed twice (a restart): keep the later line
             self.log.iterations[self._by_iter[it.iteration]] = it
         else:

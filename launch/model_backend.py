@@ -36,11 +36,5 @@ class ModelBackend(TrialBackend):
         """The estimate of ``layout`` (``reporter`` and ``trial_number`` are ignored: nothing runs)."""
         e = estimate(model, cluster, workload, layout, calibration=self.calibration,
                      memory_headroom=self.memory_headroom, options=self.options)
-        return Measurement(
-            layout=layout,
-            source=self.source,
-            tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
-            peak_bytes=e.peak_bytes,
-            step_times_s=(e.step_time_s,),
-            extra={"estimate": e},
-        )
+        return Measurement(layout=layout, source=self.source, tokens_per_s_per_gpu=e.tokens_per_s_per_gpu,
+                           peak_bytes=e.peak_bytes, step_times_s=(e.step_time_s,), extra={"estimate": e})

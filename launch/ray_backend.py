@@ -9,6 +9,7 @@ Sources: Ray "Placement Groups" (docs.ray.io); PyTorch "torchrun (Elastic Launch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -28,7 +29,7 @@ from launch._trial import (
     start_watchdog,
     tail,
 )
-from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialFailed, check_trial_limits
+from launch.base import BackendSettings, FailureKind, Measurement, StepReporter, TrialFailed
 from launch.harness.spec import HARNESS_MODULE, HarnessEnv, build_spec, harness_args, unsupported_reasons
 from specs import Cluster, ModelSpec, Workload
 from specs.errors import InfeasibleLayout, TunerError
@@ -189,10 +190,8 @@ class _RayNodes(TrialProcesses):
 
         self.kill(INTERRUPT_GRACE_S)
         for a in self.actors:
-            try:
+            with contextlib.suppress(Exception):
                 ray.kill(a)
-            except Exception:  # noqa: BLE001
-                pass
 
 
 class RayBackend(MeasuredBackend):
@@ -212,39 +211,22 @@ class RayBackend(MeasuredBackend):
     opened_by_study = True
     own_flags = frozenset({"--ray-address", "--parallel-trials", "--trial-env"})
 
-    def __init__(
-        self,
-        *,
-        trials_dir: str | Path = "results/trials",
-        address: str | None = None,
-        gpus_per_node: int = 8,
-        steps: int = 8,
-        warmup_steps: int = 2,
-        timeout_s: float = 900.0,
-        extra_env: Mapping[str, str] | None = None,
-        launcher: Sequence[str] | None = None,
-        gpu_resource: str = "GPU",
-        env: HarnessEnv | None = None,
-        retries: int = 1,
-        placement_timeout_s: float = 600.0,
-        poll_s: float = 0.5,
-        init_kwargs: Mapping[str, Any] | None = None,
-    ) -> None:
-        check_trial_limits("ray", steps, warmup_steps, timeout_s)
-        super().__init__()
-        self.trials_dir = Path(trials_dir).absolute()  # the nodes resolve it, not the driver's working folder
+    def __init__(self, *, trials_dir: str | Path = "results/trials", address: str | None = None, gpus_per_node: int = 8,
+                 steps: int = 8, warmup_steps: int = 2, timeout_s: float = 900.0,
+                 extra_env: Mapping[str, str] | None = None, launcher: Sequence[str] | None = None,
+                 gpu_resource: str = "GPU", env: HarnessEnv | None = None, retries: int = 1,
+                 placement_timeout_s: float = 600.0, poll_s: float = 0.5,
+                 init_kwargs: Mapping[str, Any] | None = None) -> None:
+        # trials_dir absolute: the nodes resolve it, not the driver's working folder
+        super().__init__(Path(trials_dir).absolute(), steps, warmup_steps, timeout_s, poll_s)
         self.address = address
         self.gpus_per_node = int(gpus_per_node)
-        self.steps = steps
-        self.warmup_steps = warmup_steps
-        self.timeout_s = float(timeout_s)
         self.extra_env = dict(extra_env or {})
         self.launcher = list(launcher) if launcher is not None else None
         self.gpu_resource = gpu_resource
         self.env = env if env is not None else HarnessEnv.detect()
         self.retries = int(retries)
         self.placement_timeout_s = float(placement_timeout_s)
-        self.poll_s = poll_s
         self._started_ray = False
         self._connect(dict(init_kwargs or {}))
 
@@ -291,8 +273,7 @@ class RayBackend(MeasuredBackend):
             node_plan(layout.world_size, self.gpus_per_node)
         except TunerError as e:
             return str(e)
-        reasons = unsupported_reasons(layout, model, workload, self.env)
-        return "; ".join(reasons) if reasons else None
+        return "; ".join(unsupported_reasons(layout, model, workload, self.env)) or None
 
     def close(self) -> None:
         import ray
@@ -367,11 +348,9 @@ class RayBackend(MeasuredBackend):
                 env = {**SAFE_ENV, **self.extra_env, "NNODES": str(len(sizes)), "NODE_RANK": str(i),
                        "NPROC_PER_NODE": str(g), "MASTER_ADDR": master, "MASTER_PORT": str(port),
                        "TUNE_TRIAL_ATTEMPT": str(attempt)}
-                if self.launcher is not None:
-                    cmd = [*self.launcher, *harness_args(tdir / "spec.json", nodes.out_path)]
-                else:
-                    cmd = [*torchrun_node_command(len(sizes), i, g, master, port),
-                           *harness_args(tdir / "spec.json", nodes.out_path)]
+                head = self.launcher if self.launcher is not None else torchrun_node_command(len(sizes), i, g, master,
+                                                                                             port)
+                cmd = [*head, *harness_args(tdir / "spec.json", nodes.out_path)]
                 pids.append(a.start.remote(cmd, env, str(tdir), spec_text, os.getcwd()))
             try:
                 ray.get(pids, timeout=60)
@@ -386,10 +365,8 @@ class RayBackend(MeasuredBackend):
                                                    "notes": list(got.result.start.get("notes", []))})
         finally:
             nodes.close()
-            try:
+            with contextlib.suppress(Exception):
                 remove_placement_group(pg)
-            except Exception:  # noqa: BLE001
-                pass
 
 
 def parse_ray_address(address: str) -> tuple[str, int] | None:

@@ -27,10 +27,9 @@ from typing import Any
 import yaml
 
 from launch.exporters._base import ExportContext, Exporter
-from launch.exporters._flags import _check, _pipeline_layout_string
+from launch.exporters._flags import _check, _pipeline_layout_string, _recompute
 from specs import RunOptions
 from specs.errors import TunerError
-from specs.layout import RecomputeGranularity
 from specs.precision import TORCH_DTYPES
 from specs.units import GIB
 
@@ -124,13 +123,7 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
         m["expert_tensor_parallel_size"] = lay.etp
     if pls is not None:
         m["pipeline_model_parallel_layout"] = pls
-    g = lay.recompute_granularity
-    m["recompute_granularity"] = None if g == RecomputeGranularity.none else g.value
-    if g == RecomputeGranularity.full:
-        m["recompute_method"] = lay.recompute_method.value
-        m["recompute_num_layers"] = lay.recompute_num_layers
-    elif g == RecomputeGranularity.selective:
-        m["recompute_modules"] = list(lay.recompute_modules or ("core_attn",))
+    m |= {f"recompute_{k}": v for k, v in (_recompute(lay) or {"granularity": None}).items()}
     if model.is_moe:
         m["moe_token_dispatcher_type"] = lay.dispatcher.moe_token_dispatcher_type
         if lay.dispatcher.moe_flex_dispatcher_backend:
@@ -160,28 +153,13 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
         "dataset": {"seq_length": work.seq_length, "sequence_length": work.seq_length},
         "optimizer": {"optimizer_cpu_offload": False, "exp_avg_dtype": "fp32", "exp_avg_sq_dtype": "fp32"},
     }
-    runs: dict[str, dict[str, Any]] = {
-        "ddp": {"overlap_grad_reduce": o.overlap_grad_reduce, "overlap_param_gather": o.overlap_grad_reduce,
-                "grad_reduce_in_fp32": o.grad_reduce_in_fp32},
-        "model": {"cross_entropy_loss_fusion": o.cross_entropy_loss_fusion, "apply_rope_fusion": o.apply_rope_fusion,
-                  "bias_activation_fusion": o.bias_activation_fusion, "cp_comm_type": o.cp_comm_type,
-                  "cpu_offloading": o.cpu_offloading_num_layers > 0},
-    }
-    if o.cross_entropy_loss_fusion:
-        runs["model"]["cross_entropy_fusion_impl"] = o.cross_entropy_fusion_impl
-    if o.cpu_offloading_num_layers:
-        runs["model"]["cpu_offloading_num_layers"] = o.cpu_offloading_num_layers
-    if model.is_moe:
-        runs["model"] |= {"moe_permute_fusion": o.moe_permute_fusion,
-                          "moe_router_force_load_balancing": o.moe_router_force_load_balancing}
-    defaults = {"grad_reduce_in_fp32": d.grad_reduce_in_fp32,
-                "overlap_grad_reduce": d.overlap_grad_reduce, "overlap_param_gather": d.overlap_grad_reduce,
-                "cross_entropy_loss_fusion": d.cross_entropy_loss_fusion,
-                "cross_entropy_fusion_impl": d.cross_entropy_fusion_impl, "apply_rope_fusion": d.apply_rope_fusion,
-                "bias_activation_fusion": d.bias_activation_fusion,
-                "cp_comm_type": d.cp_comm_type, "cpu_offloading": False, "cpu_offloading_num_layers": 0,
-                "moe_permute_fusion": d.moe_permute_fusion,
-                "moe_router_force_load_balancing": d.moe_router_force_load_balancing}
+    runs, defaults = _run_settings(o), _run_settings(d)["model"] | _run_settings(d)["ddp"]
+    if not o.cross_entropy_loss_fusion:
+        del runs["model"]["cross_entropy_fusion_impl"]
+    if not o.cpu_offloading_num_layers:
+        del runs["model"]["cpu_offloading_num_layers"]
+    if not model.is_moe:
+        del runs["model"]["moe_permute_fusion"], runs["model"]["moe_router_force_load_balancing"]
     for sec, kv in runs.items():
         for k, v in kv.items():
             if v != defaults[k]:
@@ -196,6 +174,20 @@ def bridge_settings(context: ExportContext) -> tuple[dict[str, dict[str, Any]], 
     elif not o.grad_reduce_in_fp32 and _bf16_preset(context):
         always["mixed_precision"] = {**_BF16_MIXED, "grad_reduce_in_fp32": False}
     return always, if_present
+
+
+def _run_settings(o: RunOptions) -> dict[str, dict[str, Any]]:
+    """The Bridge keys of the run options ``o`` by section, in writing order."""
+    return {
+        "ddp": {"overlap_grad_reduce": o.overlap_grad_reduce, "overlap_param_gather": o.overlap_grad_reduce,
+                "grad_reduce_in_fp32": o.grad_reduce_in_fp32},
+        "model": {"cross_entropy_loss_fusion": o.cross_entropy_loss_fusion, "apply_rope_fusion": o.apply_rope_fusion,
+                  "bias_activation_fusion": o.bias_activation_fusion, "cp_comm_type": o.cp_comm_type,
+                  "cpu_offloading": o.cpu_offloading_num_layers > 0,
+                  "cross_entropy_fusion_impl": o.cross_entropy_fusion_impl,
+                  "cpu_offloading_num_layers": o.cpu_offloading_num_layers, "moe_permute_fusion": o.moe_permute_fusion,
+                  "moe_router_force_load_balancing": o.moe_router_force_load_balancing},
+    }
 
 
 def _dtype_value(old: Any, new: Any) -> Any:

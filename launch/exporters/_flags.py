@@ -6,7 +6,7 @@ recipe (``tests/fixtures/seed_minimax_m2_recipe.yaml``) gives the environment, o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from launch.exporters._shell import group_flags
 from specs import NEWEST_MEGATRON_CORE, Cluster, ModelSpec, Precision, RunOptions, Workload, megatron_core_version
@@ -323,116 +323,87 @@ def model_args(model: ModelSpec) -> list[str]:
     Raises:
         TunerError: a MoE model has no MoE layer in ``moe_layer_freq``.
     """
-    a: list[str] = []
-    if model.qk_layernorm_full_dim:
-        a += _MINIMAX_M2_SPEC
-    if not model.add_bias_linear:
-        a += ["--disable-bias-linear"]
-        if model.add_qkv_bias:
-            a += ["--add-qkv-bias"]
-    elif model.is_moe:
-        # megatron-core's TEGroupedMLP asserts "bias_dropout_fusion is not supported in TEGroupedMLP when
-        # add_bias_linear=True" (transformer/moe/experts.py); Megatron-LM's GPT-OSS example passes this flag
-        a += ["--no-bias-dropout-fusion"]
-    a += ["--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size)]
-    ffn = model.ffn_hidden_size or model.moe_ffn_hidden_size
-    a += ["--ffn-hidden-size", str(ffn), "--num-attention-heads", str(model.num_attention_heads)]
-    if not model.is_mla:
-        a += ["--kv-channels", str(model.kv_channels)]
-        if model.num_query_groups < model.num_attention_heads:
-            a += ["--group-query-attention", "--num-query-groups", str(model.num_query_groups)]
-    # a GPT model's YaRN is megatron-core's position embedding "yarn" (MLA models take YaRN through their own rope type)
-    gpt_yarn = model.rope_scaling_type == "yarn" and not model.is_mla
-    pos = "yarn" if gpt_yarn else "rope"
-    a += ["--normalization", "RMSNorm", "--position-embedding-type", pos, "--norm-epsilon",
-          _flag_num(model.norm_epsilon)]
-    if model.gated_linear_unit:
-        a += ["--quick-geglu"] if model.activation_func == "quick_gelu" else ["--swiglu"]
-    if model.glu_linear_offset:
-        a += ["--glu-linear-offset", _flag_num(model.glu_linear_offset)]
-    if model.activation_func_clamp_value:
-        a += ["--activation-func-clamp-value", _flag_num(model.activation_func_clamp_value)]
-    if model.softmax_type != "vanilla":
-        a += ["--softmax-type", model.softmax_type]
-    if model.window_size:
-        a += ["--window-size", f"{model.window_size - 1},0"]
-        if any(model.window_attn_skip_freq[: model.num_layers]):
-            a += ["--window-attn-skip-freq", _window_skip_expr(model.window_attn_skip_freq)]
-    if model.untie_embeddings_and_output_weights:
-        a += ["--untie-embeddings-and-output-weights"]
-    a += ["--vocab-size", str(model.vocab_size)]
-    a += _rope_args(model, gpt_yarn)
-    if model.qk_layernorm:
-        a += ["--qk-layernorm"]
-    if model.is_mla:
-        a += ["--multi-latent-attention"]
-        if model.q_lora_rank:
-            a += ["--q-lora-rank", str(model.q_lora_rank)]
-        a += [
-            "--kv-lora-rank", str(model.kv_lora_rank),
-            "--qk-head-dim", str(model.qk_head_dim),
-            "--qk-pos-emb-head-dim", str(model.qk_pos_emb_head_dim),
-            "--v-head-dim", str(model.v_head_dim),
-        ]  # fmt: skip
-    if model.is_moe:
-        a += _moe_args(model)
-    if model.mtp_num_layers > 0:
-        a += ["--mtp-num-layers", str(model.mtp_num_layers)]
-    a += list(model.extra_megatron_args)
+    gpt_yarn = model.rope_scaling_type == "yarn" and not model.is_mla  # MLA models take YaRN through their rope type
+    a = [*_when(model.qk_layernorm_full_dim, *_MINIMAX_M2_SPEC),
+         *_when(not model.add_bias_linear, "--disable-bias-linear"),
+         *_when(not model.add_bias_linear and model.add_qkv_bias, "--add-qkv-bias"),
+         # megatron-core's TEGroupedMLP asserts "bias_dropout_fusion is not supported in TEGroupedMLP when
+         # add_bias_linear=True" (transformer/moe/experts.py); Megatron-LM's GPT-OSS example passes this flag
+         *_when(model.add_bias_linear and model.is_moe, "--no-bias-dropout-fusion"),
+         "--num-layers", str(model.num_layers), "--hidden-size", str(model.hidden_size),
+         "--ffn-hidden-size", str(model.ffn_hidden_size or model.moe_ffn_hidden_size),
+         "--num-attention-heads", str(model.num_attention_heads),
+         *_when(not model.is_mla, "--kv-channels", str(model.kv_channels)),
+         *_when(not model.is_mla and model.num_query_groups < model.num_attention_heads, "--group-query-attention",
+                "--num-query-groups", str(model.num_query_groups)),
+         "--normalization", "RMSNorm", "--position-embedding-type", "yarn" if gpt_yarn else "rope",
+         "--norm-epsilon", _flag_num(model.norm_epsilon),
+         *_when(model.gated_linear_unit, "--quick-geglu" if model.activation_func == "quick_gelu" else "--swiglu"),
+         *_when(model.glu_linear_offset, "--glu-linear-offset", _flag_num(model.glu_linear_offset)),
+         *_when(model.activation_func_clamp_value, "--activation-func-clamp-value",
+                _flag_num(model.activation_func_clamp_value)),
+         *_when(model.softmax_type != "vanilla", "--softmax-type", model.softmax_type),
+         *_when(model.window_size, "--window-size", f"{model.window_size - 1},0")]
+    if model.window_size and any(model.window_attn_skip_freq[: model.num_layers]):
+        a += ["--window-attn-skip-freq", _window_skip_expr(model.window_attn_skip_freq)]
+    a += [*_when(model.untie_embeddings_and_output_weights, "--untie-embeddings-and-output-weights"),
+          "--vocab-size", str(model.vocab_size), *_rope_args(model, gpt_yarn),
+          *_when(model.qk_layernorm, "--qk-layernorm"),
+          *_when(model.is_mla, "--multi-latent-attention"),
+          *_when(model.is_mla and model.q_lora_rank, "--q-lora-rank", str(model.q_lora_rank)),
+          *_when(model.is_mla, "--kv-lora-rank", str(model.kv_lora_rank), "--qk-head-dim", str(model.qk_head_dim),
+                 "--qk-pos-emb-head-dim", str(model.qk_pos_emb_head_dim), "--v-head-dim", str(model.v_head_dim)),
+          *(_moe_args(model) if model.is_moe else []),
+          *_when(model.mtp_num_layers > 0, "--mtp-num-layers", str(model.mtp_num_layers)),
+          *model.extra_megatron_args]
     return a
 
 
-# --------------------------------------------------------------------------- layout flags
+def _when(cond: object, *flag: str) -> list[str]:
+    """``flag`` (a flag and its values) when ``cond`` holds, else nothing."""
+    return list(flag) if cond else []
 
 
 def _rope_args(model: ModelSpec, gpt_yarn: bool) -> list[str]:
     """Rotary flags: partial rotary, base, Llama-3 or YaRN scaling (``gpt_yarn``: 0.19's ``--yarn-*``)."""
-    a: list[str] = []
-    if model.rotary_percent != 1.0:
-        a += ["--rotary-percent", _flag_num(model.rotary_percent)]
-    a += ["--rotary-base", _flag_num(model.rotary_base)]
-    if model.rope_scaling_type == "llama3":
-        a += ["--use-rope-scaling", "--rope-scaling-factor", _flag_num(model.rope_scaling_factor)]
-    elif model.rope_scaling_type == "yarn":
-        a += ["--rotary-scaling-factor", _flag_num(model.rope_scaling_factor), "--mscale",
-              _flag_num(model.rope_scaling_mscale), "--mscale-all-dim",
-              _flag_num(model.rope_scaling_mscale_all_dim)]  # fmt: skip
-        if gpt_yarn:
-            # megatron/training/argument_utils.py::_apply_yarn_config_from_args (megatron-core 0.19) maps these onto the
-            # config's yarn_* fields, as Megatron-Bridge's GPT-OSS bridge sets them from config.json
-            if model.rope_scaling_original_max_position_embeddings:
-                a += ["--yarn-original-max-position-embeddings",
-                      str(model.rope_scaling_original_max_position_embeddings)]
-            a += ["--yarn-beta-fast", _flag_num(model.rope_scaling_beta_fast), "--yarn-beta-slow",
-                  _flag_num(model.rope_scaling_beta_slow),
-                  f"--{'' if model.rope_scaling_truncate else 'no-'}yarn-correction-range-round-to-int"]
-    return a
+    yarn = model.rope_scaling_type == "yarn"
+    return [
+        *_when(model.rotary_percent != 1.0, "--rotary-percent", _flag_num(model.rotary_percent)),
+        "--rotary-base", _flag_num(model.rotary_base),
+        *_when(model.rope_scaling_type == "llama3", "--use-rope-scaling", "--rope-scaling-factor",
+               _flag_num(model.rope_scaling_factor)),
+        *_when(yarn, "--rotary-scaling-factor", _flag_num(model.rope_scaling_factor), "--mscale",
+               _flag_num(model.rope_scaling_mscale), "--mscale-all-dim", _flag_num(model.rope_scaling_mscale_all_dim)),
+        # megatron/training/argument_utils.py::_apply_yarn_config_from_args (megatron-core 0.19) maps these onto the
+        # config's yarn_* fields, as Megatron-Bridge's GPT-OSS bridge sets them from config.json
+        *_when(yarn and gpt_yarn and model.rope_scaling_original_max_position_embeddings,
+               "--yarn-original-max-position-embeddings", str(model.rope_scaling_original_max_position_embeddings)),
+        *_when(yarn and gpt_yarn, "--yarn-beta-fast", _flag_num(model.rope_scaling_beta_fast), "--yarn-beta-slow",
+               _flag_num(model.rope_scaling_beta_slow),
+               f"--{'' if model.rope_scaling_truncate else 'no-'}yarn-correction-range-round-to-int"),
+    ]  # fmt: skip
 
 
 def _moe_args(model: ModelSpec) -> list[str]:
     """The MoE block: experts, expert FFN, top-k, layer frequency, shared experts and the router."""
-    a: list[str] = []
     if not model.num_moe_layers:
         raise TunerError(f"model {model.name!r} has {model.num_experts} experts but no MoE layer in moe_layer_freq")
-    a += [
+    return [
         "--num-experts", str(model.num_experts),
         "--moe-ffn-hidden-size", str(model.moe_ffn_hidden_size),
         "--moe-router-topk", str(model.moe_router_topk),
         "--moe-layer-freq", _layer_freq_expr(model.moe_layer_freq),
+        *_when(model.moe_shared_expert_intermediate_size > 0, "--moe-shared-expert-intermediate-size",
+               str(model.moe_shared_expert_intermediate_size)),
+        *_when(model.moe_router_score_function != "softmax", "--moe-router-score-function",
+               model.moe_router_score_function),
+        *_when(model.moe_router_enable_expert_bias, "--moe-router-enable-expert-bias"),
+        *_when(model.moe_router_topk_scaling_factor, "--moe-router-topk-scaling-factor",
+               _flag_num(model.moe_router_topk_scaling_factor)),
+        *_when(model.moe_router_num_groups, "--moe-router-num-groups", str(model.moe_router_num_groups),
+               "--moe-router-group-topk", str(model.moe_router_group_topk)),
+        "--moe-router-dtype", "fp32", "--moe-grouped-gemm",
     ]  # fmt: skip
-    if model.moe_shared_expert_intermediate_size > 0:
-        a += ["--moe-shared-expert-intermediate-size", str(model.moe_shared_expert_intermediate_size)]
-    if model.moe_router_score_function != "softmax":
-        a += ["--moe-router-score-function", model.moe_router_score_function]
-    if model.moe_router_enable_expert_bias:
-        a += ["--moe-router-enable-expert-bias"]
-    if model.moe_router_topk_scaling_factor:
-        a += ["--moe-router-topk-scaling-factor", _flag_num(model.moe_router_topk_scaling_factor)]
-    if model.moe_router_num_groups:
-        a += ["--moe-router-num-groups", str(model.moe_router_num_groups), "--moe-router-group-topk",
-              str(model.moe_router_group_topk)]
-    a += ["--moe-router-dtype", "fp32", "--moe-grouped-gemm"]
-    return a
 
 
 def _pipeline_layout_string(layout: Layout, model: ModelSpec) -> str | None:
@@ -446,14 +417,9 @@ def _pipeline_layout_string(layout: Layout, model: ModelSpec) -> str | None:
     from search_spaces.pipeline import emit_layout_string  # lazy: another module's work
 
     try:
-        return emit_layout_string(
-            model.num_layers,
-            layout.pp,
-            layout.vpp,
-            first=layout.num_layers_in_first_pipeline_stage,
-            last=layout.num_layers_in_last_pipeline_stage,
-            mtp_num_layers=model.mtp_num_layers,
-        )
+        return emit_layout_string(model.num_layers, layout.pp, layout.vpp,
+                                  first=layout.num_layers_in_first_pipeline_stage,
+                                  last=layout.num_layers_in_last_pipeline_stage, mtp_num_layers=model.mtp_num_layers)
     except TunerError:
         raise
     except ValueError as e:
@@ -461,27 +427,28 @@ def _pipeline_layout_string(layout: Layout, model: ModelSpec) -> str | None:
 
 
 def _parallel_args(layout: Layout, model: ModelSpec) -> list[str]:
-    a = ["--tensor-model-parallel-size", str(layout.tp)]
-    if layout.sequence_parallel and layout.tp > 1:
-        a += ["--sequence-parallel"]
-    a += ["--pipeline-model-parallel-size", str(layout.pp), "--context-parallel-size", str(layout.cp)]
-    if model.is_moe:
-        a += ["--expert-model-parallel-size", str(layout.ep), "--expert-tensor-parallel-size", str(layout.etp)]
-    return a
+    return ["--tensor-model-parallel-size", str(layout.tp),
+            *_when(layout.sequence_parallel and layout.tp > 1, "--sequence-parallel"),
+            "--pipeline-model-parallel-size", str(layout.pp), "--context-parallel-size", str(layout.cp),
+            *_when(model.is_moe, "--expert-model-parallel-size", str(layout.ep), "--expert-tensor-parallel-size",
+                   str(layout.etp))]
+
+
+def _recompute(layout: Layout) -> dict[str, Any]:
+    """The layout's recompute settings by Megatron's ``recompute_*`` suffix: granularity, method and num_layers (full),
+    granularity and modules (selective), none (none)."""
+    g = layout.recompute_granularity
+    if g == RecomputeGranularity.full:
+        return {"granularity": "full", "method": layout.recompute_method.value,
+                "num_layers": int(layout.recompute_num_layers)}
+    if g == RecomputeGranularity.selective:
+        return {"granularity": "selective", "modules": list(layout.recompute_modules or ("core_attn",))}
+    return {}
 
 
 def _recompute_args(layout: Layout) -> list[str]:
-    g = layout.recompute_granularity
-    if g == RecomputeGranularity.full:
-        return [
-            "--recompute-granularity", "full",
-            "--recompute-method", layout.recompute_method.value,
-            "--recompute-num-layers", str(layout.recompute_num_layers),
-        ]  # fmt: skip
-    if g == RecomputeGranularity.selective:
-        return ["--recompute-granularity", "selective", "--recompute-modules",
-                *(layout.recompute_modules or ("core_attn",))]
-    return []
+    return [a for k, v in _recompute(layout).items()
+            for a in (f"--recompute-{k.replace('_', '-')}", *(v if isinstance(v, list) else [str(v)]))]
 
 
 def _max_tokens_per_gpu(layout: Layout, workload: Workload) -> int:
@@ -489,20 +456,14 @@ def _max_tokens_per_gpu(layout: Layout, workload: Workload) -> int:
 
 
 def _optimizer_layout_args(layout: Layout) -> list[str]:
-    a: list[str] = []
-    if layout.use_distributed_optimizer:
-        a += ["--use-distributed-optimizer"]
-    if layout.optimizer_offload_fraction > 0:
-        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", str(float(layout.optimizer_offload_fraction))]
-        if layout.overlap_cpu_optimizer_d2h_h2d:
-            a += ["--overlap-cpu-optimizer-d2h-h2d"]
-    if layout.use_precision_aware_optimizer:
-        a += ["--use-precision-aware-optimizer"]
-    if layout.exp_avg_dtype != "fp32":
-        a += ["--exp-avg-dtype", layout.exp_avg_dtype]
-    if layout.exp_avg_sq_dtype != "fp32":
-        a += ["--exp-avg-sq-dtype", layout.exp_avg_sq_dtype]
-    return a
+    offload = layout.optimizer_offload_fraction > 0
+    return [*_when(layout.use_distributed_optimizer, "--use-distributed-optimizer"),
+            *_when(offload, "--optimizer-cpu-offload", "--optimizer-offload-fraction",
+                   str(float(layout.optimizer_offload_fraction))),
+            *_when(offload and layout.overlap_cpu_optimizer_d2h_h2d, "--overlap-cpu-optimizer-d2h-h2d"),
+            *_when(layout.use_precision_aware_optimizer, "--use-precision-aware-optimizer"),
+            *_when(layout.exp_avg_dtype != "fp32", "--exp-avg-dtype", layout.exp_avg_dtype),
+            *_when(layout.exp_avg_sq_dtype != "fp32", "--exp-avg-sq-dtype", layout.exp_avg_sq_dtype)]
 
 
 def _dispatcher(layout: Layout, framework: Framework) -> Dispatcher:

@@ -21,20 +21,19 @@ from cost_model.uncertainty import error_bars
 from launch.exporters._base import ExportContext, Exporter
 from launch.exporters._bridge import bridge_scripts_note
 from launch.exporters._describe import _layout_note, _summary
-from launch.exporters._flags import GPT_YARN_SINCE, _max_tokens_per_gpu, _pipeline_layout_string
-from launch.exporters._shell import comment, with_note
+from launch.exporters._flags import GPT_YARN_SINCE, _max_tokens_per_gpu, _pipeline_layout_string, _recompute
+from launch.exporters._shell import with_note
 from launch.exporters._slime import slime_env, slime_script
 from specs import Cluster, ModelSpec, RunOptions, Workload
 from specs.errors import TunerError
-from specs.files import write_output
-from specs.layout import Dispatcher, Layout, RecomputeGranularity
+from specs.layout import Dispatcher, Layout
 from specs.units import GIB
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from cost_model.types import Estimate
     from launch.base import Measurement
 
-__all__ = ["recipe_dict", "dump_recipe", "write_recipe", "validate_recipe", "recipe_schema", "RecipeExporter"]
+__all__ = ["recipe_dict", "dump_recipe", "validate_recipe", "recipe_schema", "RecipeExporter"]
 
 _STACK_FRAMEWORK = "slime or Megatron-LM (a version with --pipeline-model-parallel-layout and the megatron_core below)"
 _PREDICTION_SOURCE = "analytical cost model (cost_model/)"
@@ -136,66 +135,32 @@ def _model_name(model: ModelSpec) -> str:
 
 def _layout_section(layout: Layout, model: ModelSpec, workload: Workload, pls: str | None) -> dict[str, Any]:
     f, last = layout.num_layers_in_first_pipeline_stage, layout.num_layers_in_last_pipeline_stage
-    g = layout.recompute_granularity
-    recompute: dict[str, Any] | None
-    if g == RecomputeGranularity.full:
-        recompute = {
-            "granularity": "full",
-            "method": layout.recompute_method.value,
-            "num_layers": int(layout.recompute_num_layers),
-        }
-    elif g == RecomputeGranularity.selective:
-        recompute = {"granularity": "selective", "modules": list(layout.recompute_modules or ("core_attn",))}
-    else:
-        recompute = None
     offload = None
     if layout.optimizer_offload_fraction > 0:
-        offload = {
-            "optimizer_fraction": float(layout.optimizer_offload_fraction),
-            "overlap_cpu_optimizer_d2h_h2d": bool(layout.overlap_cpu_optimizer_d2h_h2d),
-        }
+        offload = {"optimizer_fraction": float(layout.optimizer_offload_fraction),
+                   "overlap_cpu_optimizer_d2h_h2d": bool(layout.overlap_cpu_optimizer_d2h_h2d)}
     return {
         "label": layout.label,
         "summary": _summary(layout, model, workload, pls),
-        "tp": int(layout.tp),
-        "pp": int(layout.pp),
-        "vpp": int(layout.vpp),
-        "cp": int(layout.cp),
-        "ep": int(layout.ep),
-        "etp": int(layout.etp),
-        "dp": int(layout.dp),
+        **{k: int(getattr(layout, k)) for k in ("tp", "pp", "vpp", "cp", "ep", "etp", "dp")},
         "sequence_parallel": bool(layout.sequence_parallel and layout.tp > 1),
         "layer_split": {"first": f or None, "last": last or None} if (f or last) and layout.pp > 1 else None,
         "pipeline_model_parallel_layout": pls,
         "max_tokens_per_gpu": _max_tokens_per_gpu(layout, workload),
         "rows_per_microbatch": int(layout.micro_batch_size),
-        "recompute": recompute,
+        "recompute": _recompute(layout) or None,
         "offload": offload,
         "dispatcher": layout.dispatcher.value if model.is_moe else None,
-        "optimizer": {
-            "distributed": bool(layout.use_distributed_optimizer),
-            "precision_aware": bool(layout.use_precision_aware_optimizer),
-            "exp_avg_dtype": layout.exp_avg_dtype,
-            "exp_avg_sq_dtype": layout.exp_avg_sq_dtype,
-        },
+        "optimizer": {"distributed": bool(layout.use_distributed_optimizer),
+                      "precision_aware": bool(layout.use_precision_aware_optimizer),
+                      "exp_avg_dtype": layout.exp_avg_dtype, "exp_avg_sq_dtype": layout.exp_avg_sq_dtype},
     }
 
 
-def recipe_dict(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    layout: Layout,
-    *,
-    estimate: Estimate | None = None,
-    measurement: Measurement | None = None,
-    study: str = "",
-    correctness: Mapping[str, Any] | None = None,
-    extra_notes: Sequence[str] = (),
-    options: RunOptions | None = None,
-    stack: str = "",
-    user_args: Sequence[str] = (),
-) -> dict[str, Any]:
+def recipe_dict(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *,
+                estimate: Estimate | None = None, measurement: Measurement | None = None, study: str = "",
+                correctness: Mapping[str, Any] | None = None, extra_notes: Sequence[str] = (),
+                options: RunOptions | None = None, stack: str = "", user_args: Sequence[str] = ()) -> dict[str, Any]:
     """The recipe for ``layout``, in the seed's key order; :func:`dump_recipe` writes it.
 
     ``status``: ``predicted``; ``measured`` (with ``result``) or ``failed`` for a measured ``measurement``; ``verified``
@@ -373,17 +338,6 @@ _Dumper.add_representer(str, _represent_str)
 def dump_recipe(recipe: Mapping[str, Any]) -> str:
     """The recipe as YAML behind a comment header, keys in the dict's order."""
     return _RECIPE_HEADER + yaml.dump(dict(recipe), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
-
-
-def write_recipe(path: str | Path, recipe: Mapping[str, Any], *, force: bool = False) -> Path:
-    """Validate ``recipe`` and write it as YAML to ``path``.
-
-    Raises:
-        TunerError: as :func:`validate_recipe` or :func:`specs.files.write_output`.
-    """
-    validate_recipe(recipe)
-    p = Path(path)
-    return write_output(p, comment(p.name, None)[0] + "\n" + dump_recipe(recipe), force=force)
 
 
 # --------------------------------------------------------------------------- schema

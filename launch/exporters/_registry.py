@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from launch.base import or_list
 from launch.exporters._base import Exporter
 from specs.errors import TunerError
 
@@ -39,10 +40,6 @@ def main_job_exporters() -> list[Exporter]:
     return [e for e in _REGISTRY.values() if e.main_job]
 
 
-def _or(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
-
-
 def get_exporter(name: str) -> Exporter:
     """The exporter registered as ``name``.
 
@@ -51,5 +48,5 @@ def get_exporter(name: str) -> Exporter:
     """
     e = _REGISTRY.get(name)
     if e is None:
-        raise TunerError(f"--format {name!r}: accepted {_or(list(_REGISTRY))}")
+        raise TunerError(f"--format {name!r}: accepted {or_list(list(_REGISTRY))}")
     return e

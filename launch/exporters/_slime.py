@@ -102,15 +102,8 @@ def _run_args(user_flags: set[str]) -> list[str]:
     return out
 
 
-def slime_script(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    layout: Layout,
-    *,
-    options: RunOptions | None = None,
-    user_args: Sequence[str] = (),
-) -> str:
+def slime_script(model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout, *,
+                 options: RunOptions | None = None, user_args: Sequence[str] = ()) -> str:
     """Bash that trains ``layout`` with slime on the user's rows (the recipe's ``run`` block).
 
     slime's SFT path as ``scripts/run-qwen3-235B-A22B-sft.sh`` runs it (THUDM/slime at 4a2812e): ``train_async.py`` with

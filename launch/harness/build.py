@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import importlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from launch.harness.spec import HarnessSpec, recompute_kwargs
+from launch.harness.spec import HarnessSpec, parallel_kwargs, recompute_kwargs
 
 #: What megatron-core ran, field by field, read back from its config objects (recorded in the start and summary lines so
 #: that a row can be predicted later exactly as it ran): ``transformer``, ``ddp``, ``optimizer``.
@@ -23,19 +25,17 @@ def _config_fields(cfg: Any, names: tuple[str, ...]) -> dict[str, Any]:
         if not hasattr(cfg, n):
             continue
         v = getattr(cfg, n)
-        out[n] = v if isinstance(v,
-                                 (bool, int, float, str,
-                                  type(None))) else (list(v) if isinstance(v, (list, tuple)) else str(v))
+        out[n] = v if isinstance(v, (bool, int, float, str, type(None))) else (
+            list(v) if isinstance(v, (list, tuple)) else str(v))
     return out
 
 
 _TRANSFORMER_FIELDS = (
     "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",
     "num_moe_experts", "moe_ffn_hidden_size", "moe_router_topk", "moe_grouped_gemm", "moe_token_dispatcher_type",
-    "moe_flex_dispatcher_backend",
-    "moe_permute_fusion", "moe_router_dtype", "moe_shared_expert_intermediate_size", "multi_latent_attention",
-    "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm",
-    "tensor_model_parallel_size", "pipeline_model_parallel_size",
+    "moe_flex_dispatcher_backend", "moe_permute_fusion", "moe_router_dtype", "moe_shared_expert_intermediate_size",
+    "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+    "qk_layernorm", "tensor_model_parallel_size", "pipeline_model_parallel_size",
     "virtual_pipeline_model_parallel_size", "context_parallel_size", "expert_model_parallel_size",
     "expert_tensor_parallel_size", "sequence_parallel", "recompute_granularity", "recompute_method",
     "recompute_num_layers", "recompute_modules", "fp8", "fp8_recipe",
@@ -72,23 +72,15 @@ def _versions() -> dict[str, str]:
     import torch
 
     v = {"torch": torch.__version__, "cuda": str(torch.version.cuda), "python": sys.version.split()[0]}
-    try:
-        from megatron.core import package_info
-
-        v["megatron_core"] = package_info.__version__
-    except Exception:  # noqa: BLE001
-        v["megatron_core"] = "unknown"
-    try:
-        import transformer_engine
-
-        v["transformer_engine"] = transformer_engine.__version__
-    except Exception:  # noqa: BLE001
-        v["transformer_engine"] = "not installed"
-    try:
+    for key, module, missing in (("megatron_core", "megatron.core.package_info", "unknown"),
+                                 ("transformer_engine", "transformer_engine", "not installed")):
+        try:
+            v[key] = importlib.import_module(module).__version__
+        except Exception:  # noqa: BLE001
+            v[key] = missing
+    with contextlib.suppress(Exception):
         v["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         v["gpu"] = torch.cuda.get_device_name()
-    except Exception:  # noqa: BLE001
-        pass
     return v
 
 
@@ -129,30 +121,36 @@ def _local_modules(fault: str | None = None) -> tuple[type, type]:
     return SDPACoreAttention, HarnessRMSNorm
 
 
+def _patch_layers(block: Any, edit: Any) -> Any:
+    """A copy of a block spec whose layers' ``submodules`` and ``self_attention`` are copies that ``edit(submodules,
+    self_attention)`` changes."""
+    block = copy.copy(block)
+    layers = []
+    for spec in block.layer_specs:
+        spec = copy.copy(spec)
+        spec.submodules = copy.copy(spec.submodules)
+        spec.submodules.self_attention = copy.copy(spec.submodules.self_attention)
+        edit(spec.submodules, spec.submodules.self_attention)
+        layers.append(spec)
+    block.layer_specs = layers
+    return block
+
+
 def _patch_local_block(block: Any, fault: str | None = None) -> Any:
     """A copy of a local-spec block spec with the harness's attention and norms swapped in."""
     from megatron.core.transformer.identity_op import IdentityOp
 
     sdpa, norm = _local_modules(fault)
-    block = copy.copy(block)
-    layers = []
-    for spec in block.layer_specs:
-        spec = copy.copy(spec)
-        sub = copy.copy(spec.submodules)
-        sub.input_layernorm = norm
-        sub.pre_mlp_layernorm = norm
-        att = copy.copy(sub.self_attention)
-        asub = copy.copy(att.submodules)
+
+    def edit(sub: Any, att: Any) -> None:
+        sub.input_layernorm = sub.pre_mlp_layernorm = norm
+        att.submodules = asub = copy.copy(att.submodules)
         asub.core_attention = sdpa
-        if getattr(asub, "q_layernorm", IdentityOp) is not IdentityOp:
-            asub.q_layernorm = norm
-        if getattr(asub, "k_layernorm", IdentityOp) is not IdentityOp:
-            asub.k_layernorm = norm
-        att.submodules = asub
-        sub.self_attention = att
-        spec.submodules = sub
-        layers.append(spec)
-    block.layer_specs = layers
+        for k in ("q_layernorm", "k_layernorm"):
+            if getattr(asub, k, IdentityOp) is not IdentityOp:
+                setattr(asub, k, norm)
+
+    block = _patch_layers(block, edit)
     block.layer_norm = norm
     return block
 
@@ -178,13 +176,13 @@ def _gpt_oss_kwargs(m: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
-
 def _has_wgrad_fusion_kernel() -> bool:
     """Whether ``gradient_accumulation_fusion`` can run: the non-TE output layer needs apex's
     ``fused_weight_gradient_mlp_cuda`` (megatron/core/tensor_parallel/layers.py); a pip install of TE lacks it."""
     import importlib.util
 
     return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
+
 
 def _transformer_config(spec: HarnessSpec) -> Any:
     """The ``TransformerConfig`` (``MLATransformerConfig`` for a model with low-rank attention) of the spec."""
@@ -196,30 +194,13 @@ def _transformer_config(spec: HarnessSpec) -> Any:
     moe = m["num_experts"] > 0
     mla = bool(m.get("q_lora_rank") or m.get("kv_lora_rank"))
     kw: dict[str, Any] = dict(
-        num_layers=m["num_layers"],
-        hidden_size=m["hidden_size"],
-        num_attention_heads=m["num_attention_heads"],
-        num_query_groups=m["num_query_groups"],
-        kv_channels=m["kv_channels"],
-        ffn_hidden_size=m["ffn_hidden_size"] or m["moe_ffn_hidden_size"],
-        normalization="RMSNorm",
-        layernorm_epsilon=m["norm_epsilon"],
-        gated_linear_unit=m["gated_linear_unit"],
-        activation_func=F.silu,
-        add_bias_linear=bool(m.get("add_bias_linear", False)),
-        add_qkv_bias=bool(m.get("add_qkv_bias", False)),
-        qk_layernorm=m["qk_layernorm"],
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        bf16=True,
-        params_dtype=torch.bfloat16,
-        pipeline_dtype=torch.bfloat16,
-        tensor_model_parallel_size=lay["tp"],
-        pipeline_model_parallel_size=lay["pp"],
-        virtual_pipeline_model_parallel_size=lay["vpp"] if lay["vpp"] > 1 else None,
-        context_parallel_size=lay["cp"],
-        expert_model_parallel_size=lay["ep"],
-        expert_tensor_parallel_size=lay["etp"],
+        num_layers=m["num_layers"], hidden_size=m["hidden_size"], num_attention_heads=m["num_attention_heads"],
+        num_query_groups=m["num_query_groups"], kv_channels=m["kv_channels"],
+        ffn_hidden_size=m["ffn_hidden_size"] or m["moe_ffn_hidden_size"], normalization="RMSNorm",
+        layernorm_epsilon=m["norm_epsilon"], gated_linear_unit=m["gated_linear_unit"], activation_func=F.silu,
+        add_bias_linear=bool(m.get("add_bias_linear", False)), add_qkv_bias=bool(m.get("add_qkv_bias", False)),
+        qk_layernorm=m["qk_layernorm"], hidden_dropout=0.0, attention_dropout=0.0, bf16=True,
+        params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, **parallel_kwargs(lay),
         sequence_parallel=bool(lay["sequence_parallel"]) and lay["tp"] > 1,
         # HarnessSpec.megatron_fusions: Megatron-LM's defaults (TE only); masked_softmax_fusion stays off (TE's fused
         # attention does not use it)
@@ -241,46 +222,31 @@ def _transformer_config(spec: HarnessSpec) -> Any:
             kw.update(fp8_amax_history_len=1024, fp8_amax_compute_algo="max")
     if mla:
         kw.pop("kv_channels", None)
-        kw.update(
-            q_lora_rank=m["q_lora_rank"] or None,
-            kv_lora_rank=m["kv_lora_rank"],
-            qk_head_dim=m["qk_head_dim"],
-            qk_pos_emb_head_dim=m["qk_pos_emb_head_dim"],
-            v_head_dim=m["v_head_dim"],
-            rope_type="yarn" if m.get("rope_scaling_type") == "yarn" else "rope",
-            rotary_base=float(m["rotary_base"]),
-            rotary_scaling_factor=float(m.get("rope_scaling_factor") or 1.0),
-            mscale=float(m.get("rope_scaling_mscale") or 1.0),
-            mscale_all_dim=float(m.get("rope_scaling_mscale_all_dim") or 0.0),
-        )
-    if lay["num_layers_in_first_pipeline_stage"]:
-        kw["num_layers_in_first_pipeline_stage"] = lay["num_layers_in_first_pipeline_stage"]
-    if lay["num_layers_in_last_pipeline_stage"]:
-        kw["num_layers_in_last_pipeline_stage"] = lay["num_layers_in_last_pipeline_stage"]
+        kw.update(q_lora_rank=m["q_lora_rank"] or None, kv_lora_rank=m["kv_lora_rank"], qk_head_dim=m["qk_head_dim"],
+                  qk_pos_emb_head_dim=m["qk_pos_emb_head_dim"], v_head_dim=m["v_head_dim"],
+                  rope_type="yarn" if m.get("rope_scaling_type") == "yarn" else "rope",
+                  rotary_base=float(m["rotary_base"]), rotary_scaling_factor=float(m.get("rope_scaling_factor") or 1.0),
+                  mscale=float(m.get("rope_scaling_mscale") or 1.0),
+                  mscale_all_dim=float(m.get("rope_scaling_mscale_all_dim") or 0.0))
+    for k in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+        if lay[k]:
+            kw[k] = lay[k]
     if moe:
         from specs.layout import Dispatcher
 
         disp = Dispatcher(lay["dispatcher"])
-        kw.update(
-            num_moe_experts=m["num_experts"],
-            moe_ffn_hidden_size=m["moe_ffn_hidden_size"],
-            moe_router_topk=m["moe_router_topk"],
-            moe_layer_freq=list(m["moe_layer_freq"]),
-            moe_grouped_gemm=te,
-            moe_token_dispatcher_type=disp.moe_token_dispatcher_type,
-            moe_router_score_function=m["moe_router_score_function"],
-            moe_router_enable_expert_bias=m["moe_router_enable_expert_bias"],
-            moe_router_load_balancing_type="none",
-            moe_aux_loss_coeff=0.0,
-            moe_router_dtype="fp32",
-            moe_permute_fusion=bool(spec.moe_permute_fusion),
-        )
+        kw.update(num_moe_experts=m["num_experts"], moe_ffn_hidden_size=m["moe_ffn_hidden_size"],
+                  moe_router_topk=m["moe_router_topk"], moe_layer_freq=list(m["moe_layer_freq"]), moe_grouped_gemm=te,
+                  moe_token_dispatcher_type=disp.moe_token_dispatcher_type,
+                  moe_router_score_function=m["moe_router_score_function"],
+                  moe_router_enable_expert_bias=m["moe_router_enable_expert_bias"],
+                  moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_router_dtype="fp32",
+                  moe_permute_fusion=bool(spec.moe_permute_fusion))
         if disp.moe_flex_dispatcher_backend:
             kw["moe_flex_dispatcher_backend"] = disp.moe_flex_dispatcher_backend
-        if m["moe_shared_expert_intermediate_size"]:
-            kw["moe_shared_expert_intermediate_size"] = m["moe_shared_expert_intermediate_size"]
-        if m["moe_router_topk_scaling_factor"]:
-            kw["moe_router_topk_scaling_factor"] = m["moe_router_topk_scaling_factor"]
+        for k in ("moe_shared_expert_intermediate_size", "moe_router_topk_scaling_factor"):
+            if m[k]:
+                kw[k] = m[k]
         if m["moe_router_num_groups"]:
             kw["moe_router_num_groups"] = m["moe_router_num_groups"]
             kw["moe_router_group_topk"] = m["moe_router_group_topk"]
@@ -294,18 +260,10 @@ def _patch_te_block(block: Any, fault: str | None) -> Any:
         return block
     from megatron.core.transformer.enums import AttnMaskType
 
-    block = copy.copy(block)
-    layers = []
-    for spec in block.layer_specs:
-        spec = copy.copy(spec)
-        sub = copy.copy(spec.submodules)
-        att = copy.copy(sub.self_attention)
+    def edit(sub: Any, att: Any) -> None:
         att.params = {**(att.params or {}), "attn_mask_type": AttnMaskType.no_mask}
-        sub.self_attention = att
-        spec.submodules = sub
-        layers.append(spec)
-    block.layer_specs = layers
-    return block
+
+    return _patch_layers(block, edit)
 
 
 def _apply_te_param_faults(spec: HarnessSpec, models: list[Any]) -> list[str]:
@@ -341,19 +299,11 @@ def _build_chunks(spec: HarnessSpec, cfg: Any) -> list[Any]:
         post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
         block = get_gpt_decoder_block_spec(cfg, use_transformer_engine=te, normalization="RMSNorm", vp_stage=vp)
         block = _patch_te_block(block, spec.fault) if te else _patch_local_block(block, spec.fault)
-        model = GPTModel(
-            config=cfg,
-            transformer_layer_spec=block,
-            vocab_size=m["vocab_size"],
-            max_sequence_length=spec.seq_length,
-            pre_process=pre,
-            post_process=post,
-            share_embeddings_and_output_weights=not m["untie_embeddings_and_output_weights"],
-            position_embedding_type="rope",
-            rotary_percent=m["rotary_percent"],
-            rotary_base=int(m["rotary_base"]),
-            vp_stage=vp,
-        )
+        model = GPTModel(config=cfg, transformer_layer_spec=block, vocab_size=m["vocab_size"],
+                         max_sequence_length=spec.seq_length, pre_process=pre, post_process=post,
+                         share_embeddings_and_output_weights=not m["untie_embeddings_and_output_weights"],
+                         position_embedding_type="rope", rotary_percent=m["rotary_percent"],
+                         rotary_base=int(m["rotary_base"]), vp_stage=vp)
         model.cuda(torch.cuda.current_device())
         chunks.append(Float16Module(cfg, model))
     return chunks
@@ -371,11 +321,8 @@ def _build(spec: HarnessSpec, cfg: Any) -> tuple[list[Any], Any]:
         _apply_load_fault(spec, [c.module for c in chunks])
     _apply_te_param_faults(spec, [c.module for c in chunks])
     ddp_cfg = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=bool(spec.grad_reduce_in_fp32),
-        overlap_grad_reduce=True,
-        use_distributed_optimizer=bool(lay["use_distributed_optimizer"]),
-        fp8_param_gather=bool(spec.fp8_param_gather),
-    )
+        grad_reduce_in_fp32=bool(spec.grad_reduce_in_fp32), overlap_grad_reduce=True,
+        use_distributed_optimizer=bool(lay["use_distributed_optimizer"]), fp8_param_gather=bool(spec.fp8_param_gather))
     chunks = [DistributedDataParallel(cfg, ddp_cfg, c, disable_bucketing=i > 0) for i, c in enumerate(chunks)]
     _RAN["transformer"] = _config_fields(cfg, _TRANSFORMER_FIELDS)
     _RAN["ddp"] = _config_fields(ddp_cfg, _DDP_FIELDS)
@@ -396,23 +343,13 @@ def _optimizer(spec: HarnessSpec, cfg: Any, chunks: list[Any]) -> Any:
     pa = bool(lay["use_precision_aware_optimizer"]) and bool(lay["use_distributed_optimizer"]) and (te or frac > 0)
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16}
     ocfg = OptimizerConfig(
-        optimizer="adam",
-        lr=float(spec.lr),
-        weight_decay=0.1,
-        adam_beta1=0.9,
-        adam_beta2=0.95,
-        clip_grad=1.0,
-        bf16=True,
-        params_dtype=torch.bfloat16,
-        use_distributed_optimizer=bool(lay["use_distributed_optimizer"]),
-        use_precision_aware_optimizer=pa,
-        exp_avg_dtype=dt[lay["exp_avg_dtype"]] if pa else torch.float32,
-        exp_avg_sq_dtype=dt[lay["exp_avg_sq_dtype"]] if pa else torch.float32,
-        optimizer_cpu_offload=frac > 0,
+        optimizer="adam", lr=float(spec.lr), weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95, clip_grad=1.0,
+        bf16=True, params_dtype=torch.bfloat16, use_distributed_optimizer=bool(lay["use_distributed_optimizer"]),
+        use_precision_aware_optimizer=pa, exp_avg_dtype=dt[lay["exp_avg_dtype"]] if pa else torch.float32,
+        exp_avg_sq_dtype=dt[lay["exp_avg_sq_dtype"]] if pa else torch.float32, optimizer_cpu_offload=frac > 0,
         optimizer_offload_fraction=frac if frac > 0 else 1.0,
         overlap_cpu_optimizer_d2h_h2d=bool(lay["overlap_cpu_optimizer_d2h_h2d"]) and frac > 0,
-        fp8_recipe=spec.fp8_recipe,
-    )
+        fp8_recipe=spec.fp8_recipe)
     opt = get_megatron_optimizer(ocfg, chunks)
     if spec.fault == "norm_grad_scaled":
         from launch.harness.grads import scale_norm_grad
@@ -504,10 +441,7 @@ def _run_options(spec: HarnessSpec) -> dict[str, Any]:
     """What megatron-core ran (config fields read back from its objects) and the harness options of the spec."""
     return {
         **{k: v for k, v in _RAN.items() if k in ("transformer", "ddp", "optimizer")},
-        "harness": {"fp8_recipe": spec.fp8_recipe, "fp8_param_gather": spec.fp8_param_gather,
-                    "grad_reduce_in_fp32": spec.grad_reduce_in_fp32, "cross_entropy_fusion": spec.cross_entropy_fusion,
-                    "moe_permute_fusion": spec.moe_permute_fusion,
-                    "megatron_fusions": spec.megatron_fusions,
-                    "use_transformer_engine": spec.use_transformer_engine, "seq_length": spec.seq_length,
-                    "global_batch_size": spec.global_batch_size},
+        "harness": {k: getattr(spec, k) for k in (
+            "fp8_recipe", "fp8_param_gather", "grad_reduce_in_fp32", "cross_entropy_fusion", "moe_permute_fusion",
+            "megatron_fusions", "use_transformer_engine", "seq_length", "global_batch_size")},
     }

@@ -16,6 +16,7 @@ Exit status: 0 done (whatever the verdict); 2 bad arguments or no Transformer En
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -48,8 +49,7 @@ class AdamHyper:
     clip_grad: float = 1.0
 
     def to_dict(self) -> dict[str, float]:
-        return {"lr": self.lr, "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps,
-                "weight_decay": self.weight_decay, "clip_grad": self.clip_grad}
+        return dataclasses.asdict(self)
 
 
 #: The seed's hyperparameters (``../shared/seeds/001_*``: ``--lr 1e-5 --weight-decay 0.1 --adam-beta1 0.9
@@ -177,16 +177,14 @@ class ComponentSpec:
 #: up to 12 (fp32 master or main weight 4, exp_avg and exp_avg_sq 8), plus the explicit-master arm's masters
 #: after two measured steps kept for the bitwise comparison (8).
 GPU_BYTES_PER_PARAM = 26
-#: Host bytes per parameter: the recorded gradients (4 per step, 3 steps), the initial bf16 weights (2) and the
-#: offloaded arm's CPU optimizer (18; :mod:`cost_model.terms.optimizer` has 16 plus about 4 pinned: ``reserve_host``).
-HOST_BYTES_PER_PARAM = 32
 
 
 def experts_that_fit(spec: ComponentSpec, gpu_free_bytes: int, host_available_bytes: int, *, steps: int = 3,
                      reserve_gpu: int = 10 * GIB, reserve_host: int = 16 * GIB, other_params: int = 0) -> int:
     """Experts of ``spec``'s shape that fit this GPU and host (a multiple of 8, from top-k to ``num_experts``):
-    :data:`GPU_BYTES_PER_PARAM` on the GPU; on the host 4 bytes per recorded step plus 2 + 18; ``other_params``
-    outside the experts, ``reserve_*`` for activations, context and process."""
+    :data:`GPU_BYTES_PER_PARAM` on the GPU; on the host the recorded gradients (4 bytes per step), the initial bf16
+    weights (2) and the offloaded arm's CPU optimizer (18: :mod:`cost_model.terms.optimizer` has 16 plus about 4
+    pinned); ``other_params`` outside the experts, ``reserve_*`` for activations, context and process."""
     host_per = 4 * steps + 2 + 18
     n_gpu = (gpu_free_bytes - reserve_gpu) // GPU_BYTES_PER_PARAM - other_params
     n_host = (host_available_bytes - reserve_host) // host_per - other_params
@@ -326,13 +324,11 @@ def _master(opt: Any, p: Any, arm: ComponentArm) -> Any:
         return sp.detach().reshape(-1).float()
     inner = _inner_te(d)
     if inner is None:  # HybridDeviceOptimizer: the fp32 CPU copy is the master
-        st = d.optimizer.state.get(sp, {})
-        m = st.get("master_param")
+        m = d.optimizer.state.get(sp, {}).get("master_param")
         if m is None:
             raise RuntimeError("the offloaded optimizer has no master_param for a parameter")
         return m.detach().reshape(-1).to("cuda", torch.float32)
-    st = inner.state.get(sp, {})
-    m = st.get("master_param")
+    m = inner.state.get(sp, {}).get("master_param")
     if m is None:  # master_weights off: the bf16 weight is the master
         return sp.detach().reshape(-1).float()
     if m.dtype == torch.int16:
@@ -345,9 +341,7 @@ def _reference_update(p0: Any, grads: list[Any], k: int, hyper: AdamHyper, wd: f
     import torch
 
     p00 = p0.to("cuda", torch.float64).reshape(-1)
-    p = p00.clone()
-    m = torch.zeros_like(p)
-    v = torch.zeros_like(p)
+    p, m, v = p00.clone(), torch.zeros_like(p00), torch.zeros_like(p00)
     b1, b2 = hyper.beta1, hyper.beta2
     for t in range(1, k + 1):
         g = grads[t - 1].to("cuda", torch.float64).reshape(-1) * coeffs[t - 1]
@@ -505,18 +499,15 @@ def _run_arm(spec: ComponentSpec, hspec: Any, arm: ComponentArm, p0: dict[str, A
         top = sorted(per.items(), key=lambda kv: -kv[1] if kv[1] == kv[1] else 0)[:5]
         out.write({"event": "arm", "arm": arm.name, "kind": arm.kind, "step": k, "worst_rel_l2": worst,
                    "worst_tensor": worst_name, "top_tensors": top, "tensors": len(per), "init_identical": init_same,
-                   "update_successful": bool(ok),
-                   "grad_norm_reported": float(gnorm) if gnorm is not None else None, "step_s": step_s,
-                   "build_s": build_s,
-                   "optimizer": {"precision_aware": arm.precision_aware,
-                                 "store_param_remainders": ocfg.store_param_remainders,
-                                 "exp_avg_dtype": str(ocfg.exp_avg_dtype),
-                                 "exp_avg_sq_dtype": str(ocfg.exp_avg_sq_dtype),
-                                 "offload_fraction": arm.offload_fraction if arm.offload_fraction > 0 else 0.0,
-                                 "overlap_cpu_optimizer_d2h_h2d": ocfg.overlap_cpu_optimizer_d2h_h2d,
-                                 "adam_eps": ocfg.adam_eps, "adam_beta1": ocfg.adam_beta1,
-                                 "adam_beta2": ocfg.adam_beta2, "mutation": arm.mutation,
-                                 "inner": sorted({type(d.optimizer).__name__ for d in _dist_opts(opt)})},
+                   "update_successful": bool(ok), "grad_norm_reported": float(gnorm) if gnorm is not None else None,
+                   "step_s": step_s, "build_s": build_s,
+                   "optimizer": {
+                       "precision_aware": arm.precision_aware, "store_param_remainders": ocfg.store_param_remainders,
+                       "exp_avg_dtype": str(ocfg.exp_avg_dtype), "exp_avg_sq_dtype": str(ocfg.exp_avg_sq_dtype),
+                       "offload_fraction": arm.offload_fraction if arm.offload_fraction > 0 else 0.0,
+                       "overlap_cpu_optimizer_d2h_h2d": ocfg.overlap_cpu_optimizer_d2h_h2d, "adam_eps": ocfg.adam_eps,
+                       "adam_beta1": ocfg.adam_beta1, "adam_beta2": ocfg.adam_beta2, "mutation": arm.mutation,
+                       "inner": sorted({type(d.optimizer).__name__ for d in _dist_opts(opt)})},
                    **({"bf16_weight_not_rounded_master": bf16_mism} if arm.name == "gpu" else {})})
         if arm.bitwise_with:
             out.write({"event": "bitwise", "arm": arm.name, "against": arm.bitwise_with, "step": k,
@@ -545,11 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 500))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
+    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(29400 + os.getpid() % 500)), ("RANK", "0"),
+                 ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(k, v)
     torch.cuda.set_device(0)
     try:
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
@@ -560,10 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return 1
     finally:
-        try:
+        with contextlib.suppress(Exception):
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001
-            pass
     return 0
 
 

@@ -92,19 +92,18 @@ class GatherPlan:
 
     local_name: str
     name: str  # global name (:func:`canonical_name`)
-    group: str | None
-    """``tp`` / ``etp``: concatenate over that group; None: replicated (TP rank 0's copy is the tensor)."""
-    group_size: int
-    dim: int  # concatenation dimension (``partition_dim``); -1 when not split
-    glu: bool  # undo the SwiGLU ``[gate_r; up_r]`` interleave along dim 0
     full_shape: tuple[int, ...]
+    group: str | None = None
+    """``tp`` / ``etp``: concatenate over that group; None: replicated (TP rank 0's copy is the tensor)."""
+    group_size: int = 1
+    dim: int = -1  # concatenation dimension (``partition_dim``); -1 when not split
+    glu: bool = False  # undo the SwiGLU ``[gate_r; up_r]`` interleave along dim 0
     skip: bool = False  # not written (the last stage's copy of a tied embedding)
     reason: str = ""
 
 
 def _is_glu_fc1(name: str) -> bool:
-    n = strip_wrappers(name)
-    return bool(re.search(r"(^|\.)linear_fc1\.weight\d*$", n))
+    return bool(re.search(r"(^|\.)linear_fc1\.weight\d*$", strip_wrappers(name)))
 
 
 def gather_plan(p: ParamShard, *, tp: int, etp: int, layer_offset: int = 0, ep_rank: int = 0,
@@ -116,13 +115,11 @@ def gather_plan(p: ParamShard, *, tp: int, etp: int, layer_offset: int = 0, ep_r
     """
     name = canonical_name(p.name, layer_offset=layer_offset, ep_rank=ep_rank, num_local_experts=num_local_experts)
     if p.shared_embedding and not p.pre_process:
-        return GatherPlan(local_name=p.name, name=name, group=None, group_size=1, dim=-1, glu=False,
-                          full_shape=tuple(p.shape), skip=True,
+        return GatherPlan(local_name=p.name, name=name, full_shape=tuple(p.shape), skip=True,
                           reason="the last stage's copy of the tied word embedding (its gradient is the first stage's)")
     size = etp if p.is_expert else tp
     if not p.tensor_model_parallel or size == 1:
-        return GatherPlan(local_name=p.name, name=name, group=None, group_size=1, dim=-1, glu=False,
-                          full_shape=tuple(p.shape))
+        return GatherPlan(local_name=p.name, name=name, full_shape=tuple(p.shape))
     if p.partition_stride != 1:
         raise TunerError(f"parameter {p.name!r} is split with partition_stride {p.partition_stride}: not supported by "
                          "the gradient gather")

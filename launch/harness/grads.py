@@ -55,14 +55,15 @@ def pick_norm_param(model: Any) -> tuple[str, Any] | None:
     """The norm weight the ``norm_grad_scaled`` fault scales: the first layer's ``q_layernorm`` weight, else the first
     parameter of the first layer whose name says norm. None on a pipeline stage without the model's first layer."""
     named = [(strip_wrappers(n), p) for n, p in model.named_parameters()]
-    for want in ("decoder.layers.0.self_attention.q_layernorm.weight",):
-        for n, p in named:
-            if n == want:
-                return n, p
-    for n, p in named:
-        if n.startswith("decoder.layers.0.") and ("layernorm" in n or "layer_norm" in n):
-            return n, p
-    return None
+    return next(((n, p) for n, p in named if n == "decoder.layers.0.self_attention.q_layernorm.weight"), None) or next(
+        ((n, p) for n, p in named if n.startswith("decoder.layers.0.") and ("layernorm" in n or "layer_norm" in n)),
+        None)
+
+
+def _grad(p: Any) -> Any:
+    """A parameter's gradient: megatron-core's ``main_grad``, else ``grad`` (None when neither)."""
+    grad = getattr(p, "main_grad", None)
+    return p.grad if grad is None else grad
 
 
 def scale_norm_grad(chunks: list[Any], factor: float = 2.0) -> str | None:
@@ -77,10 +78,7 @@ def scale_norm_grad(chunks: list[Any], factor: float = 2.0) -> str | None:
         if hit is None:
             continue
         name, p = hit
-        grad = getattr(p, "main_grad", None)
-        if grad is None:
-            grad = p.grad
-        if grad is not None:
+        if (grad := _grad(p)) is not None:
             grad.mul_(factor)
             return name
     return None
@@ -89,19 +87,13 @@ def scale_norm_grad(chunks: list[Any], factor: float = 2.0) -> str | None:
 def _groups() -> dict[str, Any]:
     from megatron.core import parallel_state as ps
 
-    return {
-        "tp": ps.get_tensor_model_parallel_group(),
-        "etp": ps.get_expert_tensor_parallel_group(),
-        "tp_rank": ps.get_tensor_model_parallel_rank(),
-        "etp_rank": ps.get_expert_tensor_parallel_rank(),
-        "tp_size": ps.get_tensor_model_parallel_world_size(),
-        "etp_size": ps.get_expert_tensor_parallel_world_size(),
-        "ep_rank": ps.get_expert_model_parallel_rank(),
-        "ep_size": ps.get_expert_model_parallel_world_size(),
-        "dp_rank": ps.get_data_parallel_rank(with_context_parallel=True),
-        "edp_rank": ps.get_expert_data_parallel_rank(),
-        "pp_rank": ps.get_pipeline_model_parallel_rank(),
-    }
+    return {"tp": ps.get_tensor_model_parallel_group(), "etp": ps.get_expert_tensor_parallel_group(),
+            "tp_rank": ps.get_tensor_model_parallel_rank(), "etp_rank": ps.get_expert_tensor_parallel_rank(),
+            "tp_size": ps.get_tensor_model_parallel_world_size(),
+            "etp_size": ps.get_expert_tensor_parallel_world_size(), "ep_rank": ps.get_expert_model_parallel_rank(),
+            "ep_size": ps.get_expert_model_parallel_world_size(),
+            "dp_rank": ps.get_data_parallel_rank(with_context_parallel=True),
+            "edp_rank": ps.get_expert_data_parallel_rank(), "pp_rank": ps.get_pipeline_model_parallel_rank()}
 
 
 def _all_gather(t: Any, group: Any, size: int) -> list[Any]:
@@ -142,12 +134,8 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
         for lname, p in model.named_parameters():
             if not p.requires_grad:
                 continue
-            grad = getattr(p, "main_grad", None)
-            if grad is None:
-                grad = p.grad
-            if grad is None:
-                grad = torch.zeros_like(p, dtype=torch.float32)
-            grad = grad.detach().float()
+            grad = _grad(p)
+            grad = torch.zeros_like(p, dtype=torch.float32) if grad is None else grad.detach().float()
             shard = ParamShard(
                 name=lname, shape=tuple(p.shape),
                 tensor_model_parallel=bool(getattr(p, "tensor_model_parallel", False)),
@@ -165,8 +153,8 @@ def dump_gradients(chunks: list[Any], out_dir: str | Path, meta: dict[str, Any],
             size, grank = g[f"{grp}_size"], g[f"{grp}_rank"]
             if plan.group is not None:
                 parts = _all_gather(grad, g[grp], size)
-                full = assemble(parts, plan, lambda xs, d: torch.cat(xs, dim=d), lambda x, n,
-                                d: list(torch.chunk(x, n, dim=d)))
+                full = assemble(parts, plan, lambda xs, d: torch.cat(xs, dim=d),
+                                lambda x, n, d: list(torch.chunk(x, n, dim=d)))
             else:
                 full = grad
                 if size > 1:  # replicated: its copies must agree
@@ -211,10 +199,8 @@ class SavedTensorCensus:
     def __init__(self, modules: dict[str, Any], param_storages: set[int]) -> None:
         self.modules = modules
         self.param_storages = param_storages
-        self.records: dict[str,
-                           dict[str,
-                                Any]] = {n: {"saved": {}, "alloc_before": 0, "alloc_after": 0,
-                                             "inputs": []} for n in modules}
+        self.records: dict[str, dict[str, Any]] = {n: {"saved": {}, "alloc_before": 0, "alloc_after": 0, "inputs": []}
+                                                   for n in modules}
         self._stack: list[str] = []
         self._done: set[str] = set()
         self._handles: list[Any] = []
@@ -261,9 +247,7 @@ class SavedTensorCensus:
                 if cuda:
                     torch.cuda.synchronize()
                 self.records[name]["alloc_after"] = torch.cuda.memory_allocated() if cuda else 0
-                if self._stack and self._stack[-1] == name:
-                    self._stack.pop()
-                elif name in self._stack:
+                if name in self._stack:  # pushed once: a module's forward does not run inside itself
                     self._stack.remove(name)
             return f
 
@@ -286,13 +270,8 @@ class SavedTensorCensus:
         out = []
         for name, r in self.records.items():
             saved = sorted(r["saved"].values(), key=lambda x: -x["bytes"])
-            out.append({
-                "module": name,
-                "inputs": r["inputs"],
-                "saved": saved,
-                "saved_tensors": len(saved),
-                "saved_bytes": sum(x["bytes"] for x in saved if not x["parameter"]),
-                "parameter_bytes": sum(x["bytes"] for x in saved if x["parameter"]),
-                "alloc_delta_bytes": int(r["alloc_after"] - r["alloc_before"]),
-            })
+            out.append({"module": name, "inputs": r["inputs"], "saved": saved, "saved_tensors": len(saved),
+                        "saved_bytes": sum(x["bytes"] for x in saved if not x["parameter"]),
+                        "parameter_bytes": sum(x["bytes"] for x in saved if x["parameter"]),
+                        "alloc_delta_bytes": int(r["alloc_after"] - r["alloc_before"])})
         return out

@@ -25,26 +25,22 @@ def parse_kib_fields(text: str, names: tuple[str, ...]) -> dict[str, int]:
 def process_memory(pid: str | int = "self") -> dict[str, int]:
     """``{"rss_bytes", "peak_rss_bytes"}`` of a process (``VmRSS``, ``VmHWM``); empty where ``/proc`` is not readable.
     """
-    try:
-        f = parse_kib_fields(Path(f"/proc/{pid}/status").read_text(), ("VmRSS", "VmHWM"))
-    except OSError:
-        return {}
-    out = {}
-    if "VmRSS" in f:
-        out["rss_bytes"] = f["VmRSS"]
-    if "VmHWM" in f:
-        out["peak_rss_bytes"] = f["VmHWM"]
-    return out
+    return _proc_fields(f"/proc/{pid}/status", {"VmRSS": "rss_bytes", "VmHWM": "peak_rss_bytes"})
 
 
 def system_memory() -> dict[str, int]:
     """``{"total_bytes", "available_bytes"}`` of this machine (``MemTotal``, ``MemAvailable``); empty where unreadable.
     """
+    return _proc_fields("/proc/meminfo", {"MemTotal": "total_bytes", "MemAvailable": "available_bytes"})
+
+
+def _proc_fields(path: str, names: dict[str, str]) -> dict[str, int]:
+    """The fields ``names`` of a ``/proc`` file, renamed; empty where it is not readable."""
     try:
-        f = parse_kib_fields(Path("/proc/meminfo").read_text(), ("MemTotal", "MemAvailable"))
+        f = parse_kib_fields(Path(path).read_text(), tuple(names))
     except OSError:
         return {}
-    return {k2: f[k1] for k1, k2 in (("MemTotal", "total_bytes"), ("MemAvailable", "available_bytes")) if k1 in f}
+    return {new: f[old] for old, new in names.items() if old in f}
 
 
 def offload_host_bytes(offloaded_params: int) -> int:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from launch.harness.build import _RAN, _gpt, _host_rss, _run_options, _versions
 from launch.harness.spec import HarnessSpec
-from launch.harness.step import _batches, _corpus_for, _forward_step, _global_loss
+from launch.harness.step import _batches, _corpus_for, _forward_backward, _global_loss
 
 if TYPE_CHECKING:
     from launch.harness.train import _Out
@@ -45,20 +45,13 @@ def _dump_grads(spec: HarnessSpec, chunks: list[Any], cfg: Any, losses: Any, las
 
     lay = spec.layout_obj()
     meta = {
-        "format": GRAD_DUMP_FORMAT,
-        "label": spec.label or lay.label,
-        "layout_label": lay.label,
-        "layout": spec.layout,
-        "model": spec.model.get("name"),
-        "model_fingerprint": model_fingerprint(spec.model),
+        "format": GRAD_DUMP_FORMAT, "label": spec.label or lay.label, "layout_label": lay.label, "layout": spec.layout,
+        "model": spec.model.get("name"), "model_fingerprint": model_fingerprint(spec.model),
         "checkpoint": _os.path.realpath(spec.load_checkpoint) if spec.load_checkpoint else None,
         "batch": {"data": spec.data, "data_step_offset": spec.data_step_offset,
                   "global_batch_size": spec.global_batch_size, "seq_length": spec.seq_length,
                   "corpus_sha256": spec.corpus_sha256, "seed": spec.seed if spec.data == "synthetic" else None},
-        "fault": spec.fault,
-        "precision": spec.precision,
-        "loss": _global_loss(losses, last),
-        "versions": _versions(),
+        "fault": spec.fault, "precision": spec.precision, "loss": _global_loss(losses, last), "versions": _versions(),
         "run_options": _run_options(spec),
     }
     assert spec.dump_grads is not None  # called only when the spec asks for a dump
@@ -119,17 +112,13 @@ def _forward_only(spec: HarnessSpec, chunks: list[Any], iters: list[Any], out: _
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     fb = get_forward_backward_func()
-    lay = spec.layout
     times: list[float] = []
     for _ in range(spec.forward_only_steps):
         torch.cuda.synchronize()
         dist.barrier()
         t0 = time.perf_counter()
         with torch.no_grad():  # else every micro-batch's graph stays alive; training mode stays (router, dropout)
-            fb(forward_step_func=_forward_step, data_iterator=iters if len(iters) > 1 else iters[0],
-               model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=spec.num_microbatches,
-               seq_length=spec.seq_length, micro_batch_size=lay["micro_batch_size"],
-               decoder_seq_length=spec.seq_length, forward_only=True)
+            _forward_backward(fb, spec, chunks, iters, forward_only=True)
         torch.cuda.synchronize()
         dist.barrier()
         times.append(time.perf_counter() - t0)
@@ -169,10 +158,7 @@ def _census(spec: HarnessSpec, chunks: list[Any], out: _Out, rank: int) -> None:
     it = [_batches(spec, None if spec.data == "synthetic" else _corpus_for(spec), 0) for _ in chunks]
     census = SavedTensorCensus(mods, params)
     with census:
-        get_forward_backward_func()(forward_step_func=_forward_step, data_iterator=it if len(it) > 1 else it[0],
-                                    model=chunks if len(chunks) > 1 else chunks[0], num_microbatches=1,
-                                    seq_length=spec.seq_length, micro_batch_size=spec.layout["micro_batch_size"],
-                                    decoder_seq_length=spec.seq_length, forward_only=False)
+        _forward_backward(get_forward_backward_func(), spec, chunks, it, num_microbatches=1)
     for c in chunks:
         c.zero_grad_buffer()
     if rank != 0:

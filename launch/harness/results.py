@@ -78,13 +78,11 @@ class HarnessResult:
     @property
     def peak_reserved_bytes(self) -> float:
         """Max over ranks of peak reserved memory (bytes); NaN if unknown."""
-        v = self.summary.get("peak_reserved_bytes") or []
-        return float(max(v)) if v else math.nan
+        return float(max(self.summary.get("peak_reserved_bytes") or [math.nan]))
 
     @property
     def peak_allocated_bytes(self) -> float:
-        v = self.summary.get("peak_allocated_bytes") or []
-        return float(max(v)) if v else math.nan
+        return float(max(self.summary.get("peak_allocated_bytes") or [math.nan]))
 
 
 def read_lines(path: str | Path) -> list[dict[str, Any]]:
@@ -113,7 +111,7 @@ def parse_lines(text: str) -> list[dict[str, Any]]:
 
 def read_results(path: str | Path) -> HarnessResult:
     """Parse a harness ``--out`` file (complete or cut off)."""
-    return parse_results(None, _objs=read_lines(path))
+    return parse_results(Path(path).read_text(errors="replace") if Path(path).exists() else "")
 
 
 #: Events kept as :class:`HarnessResult`'s field of that name (the last line wins) or appended to a list field.
@@ -123,23 +121,18 @@ _MANY_LINES = {"pretrain": "pretrain", "census": "census", "memory_phase": "memo
                "error": "errors"}
 
 
-def parse_results(text: str | None, *, _objs: list[dict[str, Any]] | None = None) -> HarnessResult:
+def parse_results(text: str) -> HarnessResult:
     """Parse the harness's JSON lines given as text (e.g. read on another node)."""
     r = HarnessResult()
-    for obj in (_objs if _objs is not None else parse_lines(text or "")):
+    for obj in parse_lines(text):
         ev = obj.get("event")
         if ev == "step":
             try:
-                r.steps.append(
-                    StepRecord(
-                        step=int(obj["step"]),
-                        step_time_s=float(obj["step_time_s"]),
-                        tokens_per_s_per_gpu=float(obj.get("tokens_per_s_per_gpu", math.nan)),
-                        loss=float(obj.get("loss", math.nan)) if obj.get("loss") is not None else math.nan,
-                        grad_norm=float(obj.get("grad_norm",
-                                                math.nan)) if obj.get("grad_norm") is not None else math.nan,
-                    )
-                )
+                loss, gn = obj.get("loss"), obj.get("grad_norm")
+                r.steps.append(StepRecord(step=int(obj["step"]), step_time_s=float(obj["step_time_s"]),
+                                          tokens_per_s_per_gpu=float(obj.get("tokens_per_s_per_gpu", math.nan)),
+                                          loss=math.nan if loss is None else float(loss),
+                                          grad_norm=math.nan if gn is None else float(gn)))
             except (KeyError, TypeError, ValueError):
                 r.bad_lines += 1
         elif ev in _ONE_LINE:
@@ -170,13 +163,8 @@ def _oom_bytes(result: HarnessResult, log_text: str) -> float:
     return max(found) if found else math.nan
 
 
-def classify_failure(
-    returncode: int | None,
-    result: HarnessResult,
-    log_text: str,
-    *,
-    timed_out: bool = False,
-) -> tuple[FailureKind, str, float]:
+def classify_failure(returncode: int | None, result: HarnessResult, log_text: str, *,
+                     timed_out: bool = False) -> tuple[FailureKind, str, float]:
     """What went wrong in a harness run that did not finish; ``returncode`` None if we killed it.
 
     Returns (kind, one-line message, memory reached in bytes or NaN); out of memory wins over timeout (the other
@@ -188,9 +176,8 @@ def classify_failure(
         rk = f" on rank(s) {', '.join(map(str, ranks))}" if ranks else ""
         return FailureKind.oom, f"out of memory{rk}{where}", reached
     if timed_out:
-        n = len(result.steps)
-        return (FailureKind.timeout, f"timed out after {n} finished step(s); the whole process group was killed",
-                math.nan)
+        return (FailureKind.timeout, f"timed out after {len(result.steps)} finished step(s); the whole process group "
+                "was killed", math.nan)
     if result.refused:
         return FailureKind.crash, "refused by the harness: " + "; ".join(result.refused), math.nan
     m = _NCCL_RE.search(log_text)

@@ -50,14 +50,6 @@ FAULTS: dict[str, str] = {
 #: amax history) and ``tensorwise`` (per-tensor current scaling); ``blockwise`` (DeepSeek-style 128x128 / 1x128 blocks).
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 
-#: The HarnessSpec fields ``build_spec(options=...)`` and ``LocalBackend(harness_options=...)`` accept.
-HARNESS_OPTIONS = frozenset({
-    "data", "corpus_path", "corpus_sha256", "lr", "save_checkpoint", "load_checkpoint", "fault", "pretrain_steps",
-    "data_step_offset", "lr_warmup_steps", "fp8_recipe", "fp8_param_gather", "grad_reduce_in_fp32",
-    "cross_entropy_fusion", "moe_permute_fusion",
-    "saved_tensor_census", "dump_grads", "label", "profile_step", "forward_only_steps", "memory_phases",
-    "gc_after_build", "megatron_fusions",
-})
 
 
 def override_model(model: ModelSpec, overrides: Any, where: str = "model_overrides") -> ModelSpec:
@@ -280,6 +272,13 @@ class HarnessSpec:
         return Layout.from_dict(self.layout)
 
 
+#: The HarnessSpec fields ``build_spec(options=...)`` and ``LocalBackend(harness_options=...)`` accept: all but those
+#: :func:`build_spec` sets itself.
+HARNESS_OPTIONS = frozenset(f.name for f in dataclasses.fields(HarnessSpec)) - {
+    "model", "layout", "seq_length", "global_batch_size", "precision", "steps", "warmup_steps", "seed",
+    "use_transformer_engine", "notes", "extra"}
+
+
 def fault_reasons(fault: str | None, layout: Layout, env: HarnessEnv) -> list[str]:
     """Why ``fault`` cannot be injected into ``layout`` (a no-op fault is refused: a negative control must break
     something)."""
@@ -296,17 +295,8 @@ def fault_reasons(fault: str | None, layout: Layout, env: HarnessEnv) -> list[st
     return out
 
 
-def build_spec(
-    model: ModelSpec,
-    layout: Layout,
-    workload: Workload,
-    *,
-    env: HarnessEnv,
-    steps: int = 8,
-    warmup_steps: int = 2,
-    seed: int = 1234,
-    options: dict[str, Any] | None = None,
-) -> HarnessSpec:
+def build_spec(model: ModelSpec, layout: Layout, workload: Workload, *, env: HarnessEnv, steps: int = 8,
+               warmup_steps: int = 2, seed: int = 1234, options: dict[str, Any] | None = None) -> HarnessSpec:
     """The harness input for ``layout`` (``model`` as given: slice it first); ``options``: further fields
     (:data:`HARNESS_OPTIONS`); fp8 without ``fp8_recipe`` gets ``delayed``.
 
@@ -330,12 +320,9 @@ def build_spec(
         reasons.append("fault 'embedding_shard_misplaced' acts when a checkpoint is loaded; this run loads none")
     if reasons:
         raise InfeasibleLayout("harness_env", "; ".join(reasons))
-    dp = layout.dp
-    if workload.global_batch_size % (layout.micro_batch_size * dp):
-        raise TunerError(
-            f"global batch {workload.global_batch_size} is not a multiple of micro-batch {layout.micro_batch_size} x "
-            f"DP {dp}"
-        )
+    if workload.global_batch_size % (layout.micro_batch_size * layout.dp):
+        raise TunerError(f"global batch {workload.global_batch_size} is not a multiple of micro-batch "
+                         f"{layout.micro_batch_size} x DP {layout.dp}")
     notes: list[str] = []
     if not env.transformer_engine:
         notes.append(
@@ -346,46 +333,30 @@ def build_spec(
             notes.append("precision-aware optimizer off (needs TE FusedAdam): fp32 master weights, 4 bytes per "
                          "parameter instead of TE's 2-byte remainders")
     mdict = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(model).items()}
-    return HarnessSpec(
-        model=mdict,
-        layout=layout.to_dict(),
-        seq_length=workload.seq_length,
-        global_batch_size=workload.global_batch_size,
-        precision=workload.precision.value,
-        steps=steps,
-        warmup_steps=warmup_steps,
-        seed=seed,
-        use_transformer_engine=env.transformer_engine,
-        notes=tuple(notes),
-        **opts,
-    )
+    return HarnessSpec(model=mdict, layout=layout.to_dict(), seq_length=workload.seq_length,
+                       global_batch_size=workload.global_batch_size, precision=workload.precision.value, steps=steps,
+                       warmup_steps=warmup_steps, seed=seed, use_transformer_engine=env.transformer_engine,
+                       notes=tuple(notes), **opts)
 
 
-def torchrun_command(
-    nproc_per_node: int,
-    spec_path: str | Path,
-    out_path: str | Path,
-    *,
-    master_port: int = 29500,
-    python: str | None = None,
-) -> list[str]:
+def torchrun_command(nproc_per_node: int, spec_path: str | Path, out_path: str | Path, *, master_port: int = 29500,
+                     python: str | None = None) -> list[str]:
     """``python -m torch.distributed.run --nproc-per-node N ... -m launch.harness.train --spec S --out O``."""
-    return [
-        python or sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--master-port={master_port}",
-        "--nnodes=1",
-        f"--nproc-per-node={nproc_per_node}",
-        "-m",
-        HARNESS_MODULE,
-        *harness_args(spec_path, out_path),
-    ]
+    return [python or sys.executable, "-m", "torch.distributed.run", f"--master-port={master_port}", "--nnodes=1",
+            f"--nproc-per-node={nproc_per_node}", "-m", HARNESS_MODULE, *harness_args(spec_path, out_path)]
 
 
 def harness_args(spec_path: str | Path, out_path: str | Path) -> list[str]:
     """The harness program's own arguments."""
     return ["--spec", str(spec_path), "--out", str(out_path)]
+
+
+def parallel_kwargs(lay: dict[str, Any]) -> dict[str, Any]:
+    """The parallel sizes of a layout dict as ``initialize_model_parallel`` and ``TransformerConfig`` name them."""
+    return dict(tensor_model_parallel_size=lay["tp"], pipeline_model_parallel_size=lay["pp"],
+                virtual_pipeline_model_parallel_size=lay["vpp"] if lay["vpp"] > 1 else None,
+                context_parallel_size=lay["cp"], expert_model_parallel_size=lay["ep"],
+                expert_tensor_parallel_size=lay["etp"])
 
 
 def recompute_kwargs(layout: dict[str, Any]) -> dict[str, Any]:

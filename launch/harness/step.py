@@ -74,6 +74,17 @@ def _forward_step(data_iterator: Any, model: Any) -> Any:
     return out, partial(_loss_func, batch["loss_mask"])
 
 
+def _forward_backward(fb: Any, spec: HarnessSpec, chunks: list[Any], iters: list[Any], *, forward_only: bool = False,
+                      num_microbatches: int | None = None) -> Any:
+    """One step's forward (and backward) over its micro-batches (``fb``: megatron-core's schedule; default: all of the
+    step's); the micro-batches' losses."""
+    return fb(forward_step_func=_forward_step, data_iterator=iters if len(iters) > 1 else iters[0],
+              model=chunks if len(chunks) > 1 else chunks[0],
+              num_microbatches=spec.num_microbatches if num_microbatches is None else num_microbatches,
+              seq_length=spec.seq_length, micro_batch_size=spec.layout["micro_batch_size"],
+              decoder_seq_length=spec.seq_length, forward_only=forward_only)
+
+
 def _corpus_for(spec: HarnessSpec) -> Any:
     from launch.harness.data import load_corpus
 

@@ -87,22 +87,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise InfeasibleLayout(broken[0][0], "breaks Megatron's rules: " + "; ".join(row["rules_broken"]))
             m = backend.run(lay, model=model, cluster=cluster, workload=wl, trial_number=i)
             s = m.extra["summary"]
-            row.update(
-                status="ok",
-                step_time_s=s["median_step_time_s"],
-                step_time_cv=s["step_time_cv"],
-                tokens_per_s_per_gpu=m.tokens_per_s_per_gpu,
-                peak_reserved_gib=m.peak_bytes / GIB,
-                peak_allocated_gib=m.extra["peak_allocated_bytes"] / GIB,
-                peak_reserved_gib_per_rank=[x / GIB for x in s["peak_reserved_bytes"]],
-                peak_allocated_gib_per_rank=[x / GIB for x in s["peak_allocated_bytes"]],
-                step_times_s=[float(x) for x in m.step_times_s],
-                losses=[float(x) for x in m.losses],
-                grad_norms=[float(x) if x is not None else None for x in m.grad_norms],
-                build_s=s.get("build_s"),
-                versions=s.get("versions"),
-                notes=s.get("notes"),
-            )
+            row.update(status="ok", step_time_s=s["median_step_time_s"], step_time_cv=s["step_time_cv"],
+                       tokens_per_s_per_gpu=m.tokens_per_s_per_gpu, peak_reserved_gib=m.peak_bytes / GIB,
+                       peak_allocated_gib=m.extra["peak_allocated_bytes"] / GIB,
+                       peak_reserved_gib_per_rank=[x / GIB for x in s["peak_reserved_bytes"]],
+                       peak_allocated_gib_per_rank=[x / GIB for x in s["peak_allocated_bytes"]],
+                       step_times_s=[float(x) for x in m.step_times_s], losses=[float(x) for x in m.losses],
+                       grad_norms=[float(x) if x is not None else None for x in m.grad_norms],
+                       build_s=s.get("build_s"), versions=s.get("versions"), notes=s.get("notes"))
         except TunerError as ex:  # InfeasibleLayout (rules, environment) or a batch the layout cannot split
             row.update(status="refused", message=str(ex))
         except TrialFailed as ex:

@@ -13,6 +13,7 @@ Exit status: 0 done; 2 bad spec or refused layout (before any GPU work); 3 out o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -45,8 +46,8 @@ from launch.harness.measure import (
     _profiler,
 )
 from launch.harness.results import cv, median_after_warmup
-from launch.harness.spec import HarnessEnv, HarnessSpec, fault_reasons, parse_argv, unsupported_reasons
-from launch.harness.step import _batches, _forward_step, _global_loss
+from launch.harness.spec import HarnessEnv, HarnessSpec, fault_reasons, parallel_kwargs, parse_argv, unsupported_reasons
+from launch.harness.step import _batches, _forward_backward, _global_loss
 from specs.precision import Precision
 
 
@@ -72,14 +73,7 @@ def _setup(spec: HarnessSpec, out: _Out, rank: int) -> tuple[Any, list[Any], Any
 
     lay = spec.layout
     t_build = time.perf_counter()
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=lay["tp"],
-        pipeline_model_parallel_size=lay["pp"],
-        virtual_pipeline_model_parallel_size=lay["vpp"] if lay["vpp"] > 1 else None,
-        context_parallel_size=lay["cp"],
-        expert_model_parallel_size=lay["ep"],
-        expert_tensor_parallel_size=lay["etp"],
-    )
+    parallel_state.initialize_model_parallel(**parallel_kwargs(lay))
     seed_all(spec.seed)
     cfg = _transformer_config(spec)
     chunks, opt = _build(spec, cfg)
@@ -120,19 +114,13 @@ def _set_lr(spec: HarnessSpec, opt: Any, k: int) -> None:
         g["weight_decay"] = 0.1 * float(g.get("wd_mult", 1.0))
 
 
-def _forward_backward(fb: Any, spec: HarnessSpec, chunks: list[Any], iters: list[Any]) -> Any:
-    """One step's forward and backward over its micro-batches (``fb``: megatron-core's schedule); the micro-batches'
-    losses."""
-    return fb(
-        forward_step_func=_forward_step,
-        data_iterator=iters if len(iters) > 1 else iters[0],
-        model=chunks if len(chunks) > 1 else chunks[0],
-        num_microbatches=spec.num_microbatches,
-        seq_length=spec.seq_length,
-        micro_batch_size=spec.layout["micro_batch_size"],
-        decoder_seq_length=spec.seq_length,
-        forward_only=False,
-    )
+def _zero_and_run(fb: Any, spec: HarnessSpec, chunks: list[Any], opt: Any, iters: list[Any], k: int) -> Any:
+    """Step ``k``'s gradients zeroed, its learning rate set, its forward and backward run; the micro-batches' losses."""
+    for c in chunks:
+        c.zero_grad_buffer()
+    opt.zero_grad()
+    _set_lr(spec, opt, k)
+    return _forward_backward(fb, spec, chunks, iters)
 
 
 def _warm_start(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, corpus: Any, out: _Out, rank: int,
@@ -141,11 +129,7 @@ def _warm_start(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: An
     starting checkpoint, load them back; returns a fresh optimizer for the measured steps."""
     it0 = [_batches(spec, corpus, 0) for _ in chunks]
     for k in range(1, spec.pretrain_steps + 1):
-        for c in chunks:
-            c.zero_grad_buffer()
-        opt.zero_grad()
-        _set_lr(spec, opt, k)
-        pl = _forward_backward(fb, spec, chunks, it0)
+        pl = _zero_and_run(fb, spec, chunks, opt, it0, k)
         opt.step()
         pre = _global_loss(pl, last)
         if rank == 0:
@@ -176,11 +160,7 @@ def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, it
         if prof is not None:
             prof.start()
         t0 = time.perf_counter()
-        for c in chunks:
-            c.zero_grad_buffer()
-        opt.zero_grad()
-        _set_lr(spec, opt, step)
-        losses = _forward_backward(fb, spec, chunks, iters)
+        losses = _zero_and_run(fb, spec, chunks, opt, iters, step)
         if step == 1 and spec.dump_grads:
             torch.cuda.synchronize()
             t_dump = time.perf_counter()
@@ -206,16 +186,10 @@ def _steps(fb: Any, spec: HarnessSpec, cfg: Any, chunks: list[Any], opt: Any, it
         times.append(dt)
         loss_v = _global_loss(losses, last)
         if rank == 0:
-            out.write({
-                "event": "step",
-                "step": step,
-                "step_time_s": dt,
-                "tokens_per_s_per_gpu": tokens_per_step / dt / world,
-                "loss": loss_v,
-                "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                "update_successful": bool(ok),
-                **({"profiled": True} if step == spec.profile_step else {}),
-            })
+            out.write({"event": "step", "step": step, "step_time_s": dt,
+                       "tokens_per_s_per_gpu": tokens_per_step / dt / world, "loss": loss_v,
+                       "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                       "update_successful": bool(ok), **({"profiled": True} if step == spec.profile_step else {})})
     return times
 
 
@@ -233,24 +207,14 @@ def _summary(spec: HarnessSpec, chunks: list[Any], times: list[float], build_s: 
         return
     med = median_after_warmup(times, spec.warmup_steps)
     out.write({
-        "event": "summary",
-        "steps": len(times),
-        "warmup_steps": spec.warmup_steps,
-        "median_step_time_s": med,
+        "event": "summary", "steps": len(times), "warmup_steps": spec.warmup_steps, "median_step_time_s": med,
         "step_time_cv": cv(times[spec.warmup_steps:]),
-        "tokens_per_s_per_gpu": (spec.global_batch_size * spec.seq_length / med / world
-                                 if med and math.isfinite(med) else None),
-        "peak_allocated_bytes": [g[0] for g in gathered],
-        "peak_reserved_bytes": [g[1] for g in gathered],
-        "build_s": build_s,
-        "layout": spec.layout,
-        "versions": _versions(),
-        "notes": list(spec.notes),
-        "num_microbatches": spec.num_microbatches,
-        "label": spec.label,
-        "precision": spec.precision,
-        "run_options": _run_options(spec),
-        "host_memory_per_rank": [g[2] for g in gathered],
+        "tokens_per_s_per_gpu": spec.global_batch_size * spec.seq_length / med / world if med and math.isfinite(med)
+        else None,
+        "peak_allocated_bytes": [g[0] for g in gathered], "peak_reserved_bytes": [g[1] for g in gathered],
+        "build_s": build_s, "layout": spec.layout, "versions": _versions(), "notes": list(spec.notes),
+        "num_microbatches": spec.num_microbatches, "label": spec.label, "precision": spec.precision,
+        "run_options": _run_options(spec), "host_memory_per_rank": [g[2] for g in gathered],
         "peak_host_rss_bytes": max((g[2].get("peak_rss_bytes") or 0) for g in gathered),
     })
 
@@ -319,14 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
         _run(spec, out, rank, world)
     except torch.OutOfMemoryError as e:
-        out.write({
-            "event": "oom",
-            "rank": rank,
-            "message": str(e).splitlines()[0][:500],
-            "allocated_bytes": torch.cuda.memory_allocated(),
-            "reserved_bytes": torch.cuda.memory_reserved(),
-            "max_allocated_bytes": torch.cuda.max_memory_allocated(),
-        })
+        out.write({"event": "oom", "rank": rank, "message": str(e).splitlines()[0][:500],
+                   "allocated_bytes": torch.cuda.memory_allocated(), "reserved_bytes": torch.cuda.memory_reserved(),
+                   "max_allocated_bytes": torch.cuda.max_memory_allocated()})
         print(f"harness rank {rank}: out of memory: {e}", file=sys.stderr, flush=True)
         os._exit(3)
     except BaseException as e:  # noqa: BLE001 - every failure becomes a JSON line and an exit status
@@ -334,11 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
-    try:
+    with contextlib.suppress(Exception):
         dist.barrier()
         dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        pass
     return 0
 
 
