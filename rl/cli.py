@@ -23,10 +23,21 @@ from rl.engine import Engine, GenerationPrecision
 from rl.exporters import plan_context
 from rl.layouts import TrainerLayout, parse_engine_layout, parse_trainer_layout
 from rl.lengths import LengthDistribution
-from rl.plan import Framework, PlanChoice, PlanSet, RLJob, RLPlan, check_async_steps, enumerate_plans, evaluate
-from rl.trainer import TrainerBackend, trainer_for_layout
+from rl.plan import (
+    Framework,
+    PlanSet,
+    RLJob,
+    RLPlan,
+    check_async_steps,
+    enumerate_plans,
+    evaluate,
+    evaluate_layouts,
+    layout_trainer,
+    splits,
+)
+from rl.trainer import TrainerBackend
 from rl.validate import predict_rows, read_runs, summarise
-from specs import Cluster, Precision, load_model, parse_gpus
+from specs import Precision, load_model, parse_gpus
 from specs.console import Col, fitted_table, say
 from specs.console import err as _err
 from specs.console import out as _out
@@ -260,22 +271,7 @@ def _check_plan_options(
         raise TunerError(f"--max-num-seqs {max_num_seqs}: must be at least 1 (sequences an engine runs at once)")
     if top < 1:
         raise TunerError(f"--top {top}: must be at least 1 (plans to print)")
-    if colocated is False and cl.num_nodes == 1:
-        raise TunerError(f"--no-colocated: a split needs at least two nodes; --gpus {cl.label} has one (use "
-                         "--colocated)")
-    if rollout_gpus is not None and (rollout_gpus >= cl.num_gpus or rollout_gpus < 1 or rollout_gpus % per):
-        why = (f"{cl.label} has {cl.num_gpus} GPUs and the trainer needs at least one node"
-               if rollout_gpus >= cl.num_gpus else "rollout GPUs are whole nodes")
-        if cl.num_nodes > 1:
-            accepted = f"a multiple of {per} from {per} to {cl.num_gpus - per}"
-        else:
-            accepted = "none: a split needs at least two nodes (use --colocated)"
-        raise TunerError(f"--rollout-gpus {rollout_gpus}: {why}; accepted: {accepted}")
-
-    # (colocated, rollout GPUs) of every split the search tries
-    splits = [(True, cl.num_gpus)] if colocated in (None, True) else []
-    if colocated in (None, False):
-        splits += [(False, r) for r in range(per, cl.num_gpus, per) if rollout_gpus in (None, r)]
+    tried = splits(cl, colocated, None if rollout_gpus is None else [rollout_gpus])
 
     # an engine's GPUs divide a node, or are whole nodes (vLLM / SGLang place ranks node by node)
     def tiles(g: int) -> bool:
@@ -291,7 +287,7 @@ def _check_plan_options(
         m = job.model
 
         def engine_fits(g: int) -> bool:  # an engine of g GPUs tiles nodes and some split's rollout GPUs
-            return tiles(g) and any(r % g == 0 for _, r in splits)
+            return tiles(g) and any(r % g == 0 for _, r in tried)
 
         def ep_fits(e: int) -> bool:
             if e == 1:
@@ -304,7 +300,7 @@ def _check_plan_options(
             return engine_tp % e == 0 if e <= engine_tp else e % engine_tp == 0 and engine_fits(e)
 
         if not ep_fits(engine_ep):
-            ok = [e for e in range(1, max(r for _, r in splits) + 1) if ep_fits(e)]
+            ok = [e for e in range(1, max(r for _, r in tried) + 1) if ep_fits(e)]
             if engine_ep < 1:
                 why = "must be at least 1 (1 = experts tensor-parallel)"
             elif not m.is_moe:
@@ -318,15 +314,11 @@ def _check_plan_options(
                 )
             raise TunerError(f"--engine-ep {engine_ep}: {why}; accepted: {', '.join(map(str, ok))}")
     if trainer_layout is not None:
-        sizes = [cl.num_gpus if c else cl.num_gpus - r for c, r in splits]
-        t = trainer_layout
+        sizes = [cl.num_gpus if c else cl.num_gpus - r for c, r in tried]
         first = ""
         for n in sizes:
-            sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(per, n),
-                          inter_node_bytes_per_s=cl.inter_node_bytes_per_s, usd_per_gpu_hour=cl.usd_per_gpu_hour)
             try:
-                trainer_for_layout(job.model, sub, job.workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp,
-                                   vpp=t.vpp, optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes)
+                layout_trainer(job, n, trainer_layout)
                 return
             except TunerError as e:
                 first = first or str(e)
@@ -687,22 +679,11 @@ def calibrate_cmd(
                              + ("" if colocated
                                 else " (the trainer has the rest); accepted: "
                                 f"{', '.join(str(r) for r in range(per, cl.num_gpus, per))}"))
-        sub = Cluster(gpu=cl.gpu, num_gpus=trainer_gpus, gpus_per_node=min(cl.gpus_per_node, trainer_gpus),
-                      inter_node_bytes_per_s=cl.inter_node_bytes_per_s)
-        wl = job.workload
-        trainer = trainer_for_layout(job.model, sub, wl, tl.backend, tp=tl.tp, cp=tl.cp, ep=tl.ep, pp=tl.pp, vpp=tl.vpp,
-                                     logprob_passes=logprob_passes)
-        choice = PlanChoice(
-            colocated=colocated, rollout_gpus=rollout_gpus, trainer_gpus=trainer_gpus, shape=eng.shape,
-            gpu_memory_utilization=eng.gpu_memory_utilization or (0.6 if colocated else 0.8),
-            max_num_seqs=eng.max_num_seqs or 1024,
-            enforce_eager=bool(eng.enforce_eager), async_steps=async_steps, trainer_backend=tl.backend,
-            engine=eng.engine,
-        )
-        predicted = evaluate(job, choice, trainer=trainer, calibration=base)
+        predicted = evaluate_layouts(job, eng, tl, colocated=colocated, rollout_gpus=rollout_gpus,
+                                     trainer_gpus=trainer_gpus, async_steps=async_steps, calibration=base)
         fitted = fit_from_measured(predicted, measured, base,
                                    source=f"calibrated from {log.name} ({len(steps)} steps, {steps[0].framework})")
-        after = evaluate(job, choice, trainer=trainer, calibration=fitted)
+        after = evaluate(job, predicted.choice, trainer=predicted.trainer, calibration=fitted)
     except TunerError as e:
         raise _fail(e) from None
     text = save_rl_calibration(fitted)
