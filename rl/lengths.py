@@ -55,11 +55,6 @@ class LengthDistribution:
         """Longest length with non-zero probability (tokens)."""
         return int(self.lengths[self.probs > 0].max())
 
-    @property
-    def truncated_fraction(self) -> float:
-        """Probability of the longest length (the share of responses cut at the cap)."""
-        return float(self.probs[self.lengths == self.max].sum())
-
     def draw(self, n: int, *, seed: int = 0) -> npt.NDArray[np.int64]:
         """``n`` lengths at the quantiles ``(i + 0.5) / n``, shuffled with ``seed``.
 
@@ -130,12 +125,9 @@ class LengthDistribution:
         lengths: list[float] = []
         counts: list[float] = []
         stripped = text.lstrip()
-        if stripped.startswith("[") or stripped.startswith("{"):
-            try:
-                with parse_errors(where, "a JSON list of response lengths"):
-                    data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TunerError(f"{where}: not valid JSON ({e})") from None
+        if stripped.startswith(("[", "{")):
+            with parse_errors(where, "a JSON list of response lengths"):
+                data = json.loads(text)
             if isinstance(data, dict):
                 lengths = list(data.get("lengths", []))
                 counts = list(data.get("counts", [1] * len(lengths)))
@@ -178,12 +170,7 @@ class LengthDistribution:
             raise TunerError(f"{where}: lengths and counts must be finite numbers (nan, inf or a nested list found)")
         if np.any(arr < 1) or np.any(arr != np.round(arr)) or np.any(cnt < 0) or cnt.sum() <= 0:
             raise TunerError(f"{where}: lengths must be positive integers and counts non-negative")
-        dist = cls._from_counts(arr.astype(np.int64), cnt, f"histogram {p.name} ({int(cnt.sum()):,} responses)")
+        uniq, inv = np.unique(arr.astype(np.int64), return_inverse=True)
+        w = np.bincount(inv, weights=cnt, minlength=len(uniq))
+        dist = cls(uniq.astype(np.int64), w / w.sum(), f"histogram {p.name} ({int(cnt.sum()):,} responses)")
         return dist.capped(max_len) if max_len is not None else dist
-
-    @classmethod
-    def _from_counts(cls, lengths: npt.NDArray[np.int64], counts: npt.NDArray[np.float64],
-                     source: str) -> LengthDistribution:
-        uniq, inv = np.unique(lengths, return_inverse=True)
-        w = np.bincount(inv, weights=counts, minlength=len(uniq))
-        return cls(uniq.astype(np.int64), w / w.sum(), source)

@@ -185,7 +185,6 @@ class RLPlan:
     parts: StepParts
     kv_capacity_tokens: int
     preemptions: int
-    mean_running: float
     notes: tuple[str, ...] = ()
 
     @property
@@ -365,7 +364,7 @@ def evaluate(
     does not tile the rollout GPUs."""
     gen = _gen or _Generation(job, latency)
     shape = choice.shape
-    if choice.rollout_gpus % shape.gpus:
+    if choice.rollout_gpus % shape.gpus or choice.num_engines < 1:
         raise TunerError(f"{choice.rollout_gpus} rollout GPUs are not a whole number of {shape.gpus}-GPU engines "
                          f"({shape.label})")
     wbytes = weight_bytes_per_param(job.model.name, job.generation_precision)
@@ -414,7 +413,7 @@ def evaluate(
     if not trainer.in_validated_scope:
         notes.append(trainer.note)
     return RLPlan(choice=choice, trainer=trainer, parts=parts, kv_capacity_tokens=kv, preemptions=run.preemptions,
-                  mean_running=run.mean_running, notes=tuple(notes))
+                  notes=tuple(notes))
 
 
 #: vLLM V1's ``max_num_seqs`` default on GPUs with >= 70 GiB (``vllm/engine/arg_utils.py``,
