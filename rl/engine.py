@@ -194,15 +194,8 @@ class LatencyTable:
         return float(self.prefill[-1] * t / x[-1])
 
     @classmethod
-    def from_functions(
-        cls,
-        decode: Callable[[int, int], float],
-        prefill: Callable[[int], float],
-        *,
-        max_ctx: int = CTX_GRID[-1],
-        attention_dp: int = 1,
-        source: str = "functions",
-    ) -> LatencyTable:
+    def from_functions(cls, decode: Callable[[int, int], float], prefill: Callable[[int], float], *,
+                       max_ctx: int = CTX_GRID[-1], attention_dp: int = 1, source: str = "functions") -> LatencyTable:
         """A table sampled from ``decode(num_seqs, ctx_len) -> s`` and ``prefill(tokens) -> s`` on the grids."""
         ctx = _ctx_grid(max_ctx)
         seqs = np.asarray(SEQ_GRID, dtype=float)
@@ -383,32 +376,17 @@ def _handle(model_id: str, system: str, backend: str, shape: EngineShape, quant:
     mod = _require_aiconfigurator()  # EngineDataError when missing: not wrapped below
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     try:
-        return mod.EngineHandle.compile(
-            model_id,
-            system,
-            backend,
-            tp_size=shape.tp,
-            pp_size=shape.pp,
-            attention_dp_size=shape.attention_dp,
-            moe_tp_size=shape.moe_tp,
-            moe_ep_size=shape.ep,
-            **dict(quant),
-        )
+        return mod.EngineHandle.compile(model_id, system, backend, tp_size=shape.tp, pp_size=shape.pp,
+                                        attention_dp_size=shape.attention_dp, moe_tp_size=shape.moe_tp,
+                                        moe_ep_size=shape.ep, **dict(quant))
     # aiconfigurator raises its own error types (and ValueError / KeyError) for unsupported cases
     except Exception as e:
         raise TunerError(f"aiconfigurator {AIC_VERSION} cannot build a {backend} engine of {model_id} on {system} at "
                          f"{shape.label}: {e}") from None
 
 
-def aiconfigurator_latency_table(
-    model: str,
-    gpu: str,
-    engine: Engine,
-    shape: EngineShape,
-    *,
-    max_ctx: int,
-    precision: GenerationPrecision = GenerationPrecision.bf16,
-) -> LatencyTable:
+def aiconfigurator_latency_table(model: str, gpu: str, engine: Engine, shape: EngineShape, *, max_ctx: int,
+                                 precision: GenerationPrecision = GenerationPrecision.bf16) -> LatencyTable:
     """The latency grid of one engine shape from aiconfigurator, cached on disk and in memory: decode
     ``EngineHandle.decode_step_latency(n, c, 2)`` (ms; ``isl = c``, its ``isl + osl/2`` being the mean KV length),
     prefill ``predict_prefill_latency(1, t)`` (ms), up to ``max_ctx`` tokens (prompt + response). ``model`` and ``gpu``
@@ -437,10 +415,9 @@ def aiconfigurator_latency_table(
     source = ""
     # Experts tensor-parallel over the engine (ep < tp x dp) lack MoE tables for many models in 0.12.0;
     # the same experts spread by EP over the same GPUs is the stand-in (equal expert bytes per GPU).
-    tries = [shape] if shape.ep == shape.tp * shape.attention_dp else [shape,
-                                                                       EngineShape(tp=shape.tp, pp=shape.pp,
-                                                                                   ep=shape.tp * shape.attention_dp,
-                                                                                   attention_dp=shape.attention_dp)]
+    ranks = shape.tp * shape.attention_dp
+    tries = [shape] + ([] if shape.ep == ranks else [EngineShape(tp=shape.tp, pp=shape.pp, ep=ranks,
+                                                                 attention_dp=shape.attention_dp)])
     first_error = ""
     for s in tries:
         try:
@@ -459,12 +436,9 @@ def aiconfigurator_latency_table(
         hint = ""
         if (precision == GenerationPrecision.bf16 and "MoE data missing" in first_error
                 and _checkpoint_quant(model_id) == "fp8"):
-            hint = (
-                f" [{model_id}'s own checkpoint is FP8 and aiconfigurator times its experts only as FP8 blocks: a run "
-                "that generated in FP8 "
-                "is predicted with generation precision fp8; a BF16 run is not predicted, as FP8 timing would "
-                "understate BF16 decode (its expert weights are twice the bytes)]"
-            )
+            hint = (f" [{model_id}'s own checkpoint is FP8 and aiconfigurator times its experts only as FP8 blocks: a "
+                    "run that generated in FP8 is predicted with generation precision fp8; a BF16 run is not "
+                    "predicted, as FP8 timing would understate BF16 decode (its expert weights are twice the bytes)]")
         message = (f"aiconfigurator {AIC_VERSION} has no {precision} {engine} data for {model_id} on {system} at "
                    f"{shape.label}: {first_error}{hint}")
         _write_atomic(missing, partial(Path.write_text, data=message))

@@ -273,14 +273,8 @@ def kv_bytes_per_token(model: ModelSpec, shape: EngineShape) -> float:
     return per_layer * model.num_layers
 
 
-def kv_capacity_tokens(
-    model: ModelSpec,
-    cluster: Cluster,
-    shape: EngineShape,
-    gpu_memory_utilization: float,
-    enforce_eager: bool,
-    bytes_per_param: tuple[float, float] = (2.0, 2.0),
-) -> int:
+def kv_capacity_tokens(model: ModelSpec, cluster: Cluster, shape: EngineShape, gpu_memory_utilization: float,
+                       enforce_eager: bool, bytes_per_param: tuple[float, float] = (2.0, 2.0)) -> int:
     """Tokens the engine's KV cache holds: ``(utilization x HBM - weights - reserve) x GPUs / bytes per token``; 0 when
     the weights do not fit."""
     weights = engine_weight_bytes(model, shape, bytes_per_param)
@@ -348,15 +342,9 @@ def _model_bytes(model: ModelSpec, bytes_per_param: tuple[float, float] = (2.0, 
     return bytes_per_param[0] * (model.total_params() - experts) + bytes_per_param[1] * experts
 
 
-def evaluate(
-    job: RLJob,
-    choice: PlanChoice,
-    *,
-    trainer: TrainerPlan,
-    calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
-    latency: LatencyProvider = default_latency,
-    _gen: _Generation | None = None,
-) -> RLPlan:
+def evaluate(job: RLJob, choice: PlanChoice, *, trainer: TrainerPlan,
+             calibration: RLCalibration = DEFAULT_RL_CALIBRATION, latency: LatencyProvider = default_latency,
+             _gen: _Generation | None = None) -> RLPlan:
     """Predict one plan's step time and parts; ``trainer`` is the layout on ``choice.trainer_gpus`` GPUs
     (:func:`~rl.trainer.best_trainer` or :func:`~rl.trainer.trainer_for_layout`), its times before calibration.
 
@@ -380,33 +368,18 @@ def evaluate(
     run = gen.run(shape, choice.num_engines, kv, choice.max_num_seqs, steps)
     scale = calibration.generation_scale * (calibration.eager_slowdown if choice.enforce_eager else 1.0)
     generation = run.makespan_s * scale / steps
-    refit = refit_s(
-        # the trainer sends BF16 weights; an FP8 engine quantises them on arrival (NeMo-RL's FP8 generation)
-        model_bytes=_model_bytes(job.model),
-        colocated=choice.colocated,
-        engine_gpus=shape.gpus,
-        gpus_per_node=job.cluster.gpus_per_node,
-        inter_node_bytes_per_s=job.cluster.inter_node_bytes_per_s,
-        calibration=calibration,
-    )
-    switch = 0.0
-    if choice.colocated:
-        switch = switch_s(
-            trainer_bytes_per_gpu=trainer.optimizer_bytes + trainer.weights_bytes,
-            engine_bytes_per_gpu=engine_weight_bytes(job.model, shape, wbytes),
-            pcie_bytes_per_s=job.cluster.gpu.pcie_bytes_per_s,
-            calibration=calibration,
-        )
-    parts = compose_step(
-        generation_s=generation,
-        logprob_s=trainer.logprob_s * calibration.logprob_scale,
-        training_s=trainer.train_s * calibration.training_scale,
-        refit_s=refit,
-        switch_s=switch,
-        overhead_s=calibration.step_overhead_s,
-        colocated=choice.colocated,
-        async_steps=choice.async_steps,
-    )
+    # the trainer sends BF16 weights; an FP8 engine quantises them on arrival (NeMo-RL's FP8 generation)
+    refit = refit_s(model_bytes=_model_bytes(job.model), colocated=choice.colocated, engine_gpus=shape.gpus,
+                    gpus_per_node=job.cluster.gpus_per_node, inter_node_bytes_per_s=job.cluster.inter_node_bytes_per_s,
+                    calibration=calibration)
+    switch = 0.0 if not choice.colocated else switch_s(
+        trainer_bytes_per_gpu=trainer.optimizer_bytes + trainer.weights_bytes,
+        engine_bytes_per_gpu=engine_weight_bytes(job.model, shape, wbytes),
+        pcie_bytes_per_s=job.cluster.gpu.pcie_bytes_per_s, calibration=calibration)
+    parts = compose_step(generation_s=generation, logprob_s=trainer.logprob_s * calibration.logprob_scale,
+                         training_s=trainer.train_s * calibration.training_scale, refit_s=refit, switch_s=switch,
+                         overhead_s=calibration.step_overhead_s, colocated=choice.colocated,
+                         async_steps=choice.async_steps)
     notes = []
     if run.preemptions:
         notes.append(f"{run.preemptions} preemptions (KV cache full)")
@@ -474,22 +447,14 @@ def engine_shapes(job: RLJob, rollout_gpus: int, *, tp: Iterable[int] | None = N
     return out
 
 
-def enumerate_plans(
-    job: RLJob,
-    *,
-    calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
-    latency: LatencyProvider = default_latency,
-    backends: Iterable[TrainerBackend] = (TrainerBackend.megatron,),
-    async_steps: int = 0,
-    colocated: bool | None = None,
-    rollout_gpus: Iterable[int] | None = None,
-    engine_tp: Iterable[int] | None = None,
-    engine_ep: Iterable[int] | None = None,
-    gpu_memory_utilization: Iterable[float] | None = None,
-    max_num_seqs: Iterable[int] = (256, 1024),
-    enforce_eager: Iterable[bool] = (False, True),
-    trainer_layout: TrainerLayout | None = None,
-) -> PlanSet:
+def enumerate_plans(job: RLJob, *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
+                    latency: LatencyProvider = default_latency,
+                    backends: Iterable[TrainerBackend] = (TrainerBackend.megatron,), async_steps: int = 0,
+                    colocated: bool | None = None, rollout_gpus: Iterable[int] | None = None,
+                    engine_tp: Iterable[int] | None = None, engine_ep: Iterable[int] | None = None,
+                    gpu_memory_utilization: Iterable[float] | None = None, max_num_seqs: Iterable[int] = (256, 1024),
+                    enforce_eager: Iterable[bool] = (False, True),
+                    trainer_layout: TrainerLayout | None = None) -> PlanSet:
     """Every plan that fits, ranked by predicted step time. Splits are whole nodes on both sides; ``async_steps`` = K
     evaluates every split at each depth 0..K; constraints narrow the search (None = all); ``trainer_layout`` fixes the
     trainer's layout (and backend) instead of searching it.
@@ -523,17 +488,9 @@ def enumerate_plans(
                             for k in range(0, 1 if is_coloc else async_steps + 1):
                                 considered += 1
                                 choice = PlanChoice(
-                                    colocated=is_coloc,
-                                    rollout_gpus=r_gpus,
-                                    trainer_gpus=t_gpus,
-                                    shape=shape,
-                                    gpu_memory_utilization=util,
-                                    max_num_seqs=seqs,
-                                    enforce_eager=eager,
-                                    async_steps=k,
-                                    trainer_backend=backend,
-                                    engine=job.engine,
-                                )
+                                    colocated=is_coloc, rollout_gpus=r_gpus, trainer_gpus=t_gpus, shape=shape,
+                                    gpu_memory_utilization=util, max_num_seqs=seqs, enforce_eager=eager, async_steps=k,
+                                    trainer_backend=backend, engine=job.engine)
                                 try:
                                     plans.append(evaluate(job, choice, trainer=trainer, calibration=calibration,
                                                           latency=latency, _gen=gen))

@@ -43,14 +43,8 @@ from specs.errors import TunerError
 from specs.units import DEFAULT_MEMORY_HEADROOM
 
 __all__ = [
-    "AUTOMODEL_RL_SPACE",
-    "AUTOMODEL_VALIDATED",
-    "MEGATRON_RL_SPACE",
-    "TrainerBackend",
-    "TrainerPlan",
-    "best_trainer",
-    "rl_workload",
-    "trainer_for_layout",
+    "AUTOMODEL_RL_SPACE", "AUTOMODEL_VALIDATED", "MEGATRON_RL_SPACE", "TrainerBackend", "TrainerPlan", "best_trainer",
+    "rl_workload", "trainer_for_layout",
 ]
 
 
@@ -87,15 +81,12 @@ MEGATRON_RL_SPACE: dict[str, Any] = {
 #: The AutoModel / DTensor space: FSDP2 with CP and EP only (tp = pp = 1), full activation
 #: checkpointing, HybridEP, BF16 moments (the seed's recipe).
 AUTOMODEL_RL_SPACE: dict[str, Any] = {
+    **MEGATRON_RL_SPACE,
     "tp": [1],
     "pp": [1],
-    "vpp": [1],
     "cp": [1, 2, 4, 8],
     "ep": [1, 2, 4, 8, 16, 32, 64, 128, 256],
-    "etp": [1],
-    "micro_batch_size": [1],
     "recompute": [{"granularity": "full", "method": "uniform", "num_layers": 1}],
-    "optimizer_offload_fraction": [0.0],
     "dispatcher": ["flex+hybridep"],
     "pipeline_split": {"even": True, "max_stage_deficit": 0},
     "exp_avg_dtype": ["bf16"],
@@ -179,24 +170,16 @@ def _plans(model: ModelSpec, cluster: Cluster, workload: Workload, table: Layout
     for i in range(len(table)):
         lay = table.row(i)
         scope = backend != TrainerBackend.automodel or not validated or (lay.cp, lay.ep) in validated
-        out.append(
-            TrainerPlan(
-                backend=backend,
-                layout=lay,
-                gpus=cluster.num_gpus,
-                train_s=float(est.step_time_s[i]) * optimizer_steps,
-                logprob_s=float(lp[i]) * optimizer_steps,
-                logprob_passes=logprob_passes,
-                peak_bytes=float(est.peak_bytes[i]),
-                usable_bytes=est.usable_bytes,
-                optimizer_bytes=float(est.memory["optimizer"][i]),
-                weights_bytes=float(est.memory["weights"][i]),
-                in_validated_scope=scope,
-                note="" if scope else ("outside AutoModel's validated scope (run with "
-                                       + ", ".join(f"CP {c} x EP {e}" for c, e in validated)
-                                       + ": other CP/EP pairs are not known to run)"),
-            )
-        )
+        out.append(TrainerPlan(
+            backend=backend, layout=lay, gpus=cluster.num_gpus, train_s=float(est.step_time_s[i]) * optimizer_steps,
+            logprob_s=float(lp[i]) * optimizer_steps, logprob_passes=logprob_passes,
+            peak_bytes=float(est.peak_bytes[i]), usable_bytes=est.usable_bytes,
+            optimizer_bytes=float(est.memory["optimizer"][i]), weights_bytes=float(est.memory["weights"][i]),
+            in_validated_scope=scope,
+            note="" if scope else ("outside AutoModel's validated scope (run with "
+                                   + ", ".join(f"CP {c} x EP {e}" for c, e in validated)
+                                   + ": other CP/EP pairs are not known to run)"),
+        ))
     return out
 
 
@@ -224,20 +207,12 @@ def trainer_for_layout(model: ModelSpec, cluster: Cluster, workload: Workload, b
     (Qwen3-235B's 94 layers on pp 8 run as 11 + 6 x 12 + 11 in NeMo-RL's recipe).
 
     Raises TunerError: a layout that breaks a Megatron rule (the rule named)."""
+    auto = backend == TrainerBackend.automodel
     base = Layout(
-        world_size=cluster.num_gpus,
-        tp=tp,
-        pp=pp,
-        vpp=vpp,
-        cp=cp,
-        ep=ep,
-        sequence_parallel=tp > 1,
-        recompute_granularity=RecomputeGranularity.full,
-        recompute_method=RecomputeMethod.uniform,
-        recompute_num_layers=1,
-        dispatcher=Dispatcher.flex_hybridep if backend == TrainerBackend.automodel else Dispatcher.alltoall,
-        exp_avg_dtype="bf16" if backend == TrainerBackend.automodel else "fp32",
-        exp_avg_sq_dtype="bf16" if backend == TrainerBackend.automodel else "fp32",
+        world_size=cluster.num_gpus, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sequence_parallel=tp > 1,
+        recompute_granularity=RecomputeGranularity.full, recompute_method=RecomputeMethod.uniform,
+        recompute_num_layers=1, dispatcher=Dispatcher.flex_hybridep if auto else Dispatcher.alltoall,
+        exp_avg_dtype="bf16" if auto else "fp32", exp_avg_sq_dtype="bf16" if auto else "fp32",
     )
     candidates = [base]
     if pp > 1 and model.num_layers % pp:
@@ -247,8 +222,8 @@ def trainer_for_layout(model: ModelSpec, cluster: Cluster, workload: Workload, b
             first = rest // 2 - d
             last = rest - first
             if first >= 1 and last >= 1:
-                candidates.append(_with(base, num_layers_in_first_pipeline_stage=first,
-                                        num_layers_in_last_pipeline_stage=last))
+                candidates.append(Layout.from_dict({**base.to_dict(), "num_layers_in_first_pipeline_stage": first,
+                                                    "num_layers_in_last_pipeline_stage": last}))
     table = LayoutTable.from_layouts(candidates)
     ok, _ = check_table(table, model, workload)
     good = np.flatnonzero(ok)
@@ -260,8 +235,3 @@ def trainer_for_layout(model: ModelSpec, cluster: Cluster, workload: Workload, b
                    logprob_passes=logprob_passes, memory_headroom=0.0)
     return min(plans, key=lambda p: p.train_s)
 
-
-def _with(lay: Layout, **changes: Any) -> Layout:
-    d = lay.to_dict()
-    d.update(changes)
-    return Layout.from_dict(d)
