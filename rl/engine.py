@@ -289,19 +289,6 @@ def cache_dir() -> Path:
     return Path(base) / "megatron-layout-tuner" / "rl"
 
 
-def _require_aiconfigurator() -> Any:
-    """Import aiconfigurator's engine module.
-
-    Raises TunerError: aiconfigurator is not installed (names the ``rl`` extra)."""
-    try:
-        return importlib.import_module("aiconfigurator_core.sdk.engine")
-    except ImportError:
-        raise EngineDataError(
-            "tune rl needs aiconfigurator for the engines' per-iteration latency: "
-            f"pip install 'megatron-layout-tuner[rl]' (aiconfigurator=={AIC_VERSION})"
-        ) from None
-
-
 #: aiconfigurator's name of the BF16 quantisation mode (``sdk/common.py``: ``GEMMQuantMode.bfloat16`` and kin).
 _BF16 = "bfloat16"
 
@@ -373,7 +360,11 @@ def weight_bytes_per_param(model: str, precision: GenerationPrecision) -> tuple[
 
 @lru_cache(maxsize=64)
 def _handle(model_id: str, system: str, backend: str, shape: EngineShape, quant: tuple[tuple[str, str], ...]) -> Any:
-    mod = _require_aiconfigurator()  # EngineDataError when missing: not wrapped below
+    try:
+        mod = importlib.import_module("aiconfigurator_core.sdk.engine")
+    except ImportError:  # not wrapped below: no shape can be timed
+        raise EngineDataError("tune rl needs aiconfigurator for the engines' per-iteration latency: "
+                              f"pip install 'megatron-layout-tuner[rl]' (aiconfigurator=={AIC_VERSION})") from None
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     try:
         return mod.EngineHandle.compile(model_id, system, backend, tp_size=shape.tp, pp_size=shape.pp,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -309,29 +310,19 @@ def default_latency(job: RLJob, shape: EngineShape) -> LatencyTable:
 
 
 class _Generation:
-    """Memoised rollout simulations of one job (latency tables per shape, runs per configuration)."""
+    """Memoised rollout simulations of one job: latency tables per shape, request lengths per step count, runs per
+    configuration."""
 
     def __init__(self, job: RLJob, provider: LatencyProvider) -> None:
         self.job = job
-        self.provider = provider
-        self.tables: dict[EngineShape, LatencyTable] = {}
-        self.runs: dict[tuple[EngineShape, int, int, int, int], RolloutRun] = {}
-        self.requests: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+        self.table: Callable[[EngineShape], LatencyTable] = lru_cache(maxsize=None)(partial(provider, job))
+        self.requests = lru_cache(maxsize=None)(partial(_requests, job))
+        self.run = lru_cache(maxsize=None)(self._run)
 
-    def table(self, shape: EngineShape) -> LatencyTable:
-        if shape not in self.tables:
-            self.tables[shape] = self.provider(self.job, shape)
-        return self.tables[shape]
-
-    def run(self, shape: EngineShape, engines: int, kv: int, max_seqs: int, steps: int) -> RolloutRun:
-        key = (shape, engines, kv, max_seqs, steps)
-        if key not in self.runs:
-            if steps not in self.requests:
-                self.requests[steps] = _requests(self.job, steps)
-            p, r = self.requests[steps]
-            self.runs[key] = simulate_rollout(p, r, self.table(shape), num_engines=engines, kv_capacity_tokens=kv,
-                                              max_num_seqs=max_seqs, block_size=BLOCK_SIZE)
-        return self.runs[key]
+    def _run(self, shape: EngineShape, engines: int, kv: int, max_seqs: int, steps: int) -> RolloutRun:
+        p, r = self.requests(steps)
+        return simulate_rollout(p, r, self.table(shape), num_engines=engines, kv_capacity_tokens=kv,
+                                max_num_seqs=max_seqs, block_size=BLOCK_SIZE)
 
 
 # --------------------------------------------------------------------------- one plan

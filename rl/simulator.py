@@ -62,15 +62,8 @@ class RolloutRun:
 
 
 
-def simulate_engine(
-    prompt_lens: _INT,
-    response_lens: _INT,
-    latency: LatencyTable,
-    *,
-    kv_capacity_tokens: int,
-    max_num_seqs: int,
-    block_size: int = 16,
-) -> EngineRun:
+def simulate_engine(prompt_lens: _INT, response_lens: _INT, latency: LatencyTable, *, kv_capacity_tokens: int,
+                    max_num_seqs: int, block_size: int = 16) -> EngineRun:
     """Simulate one engine serving every request (``prompt_lens``, ``response_lens`` >= 1, shape ``(r,)``, queued at
     time 0) with ``kv_capacity_tokens`` of KV cache over its GPUs and at most ``max_num_seqs`` running; one
     ``block_size`` block per running sequence is kept as headroom. Returns the makespan and its parts.
@@ -199,16 +192,8 @@ class _Engine:
                 self.finish_t[i] = self.t
 
 
-def simulate_rollout(
-    prompt_lens: _INT,
-    response_lens: _INT,
-    latency: LatencyTable,
-    *,
-    num_engines: int,
-    kv_capacity_tokens: int,
-    max_num_seqs: int,
-    block_size: int = 16,
-) -> RolloutRun:
+def simulate_rollout(prompt_lens: _INT, response_lens: _INT, latency: LatencyTable, *, num_engines: int,
+                     kv_capacity_tokens: int, max_num_seqs: int, block_size: int = 16) -> RolloutRun:
     """Split the requests over ``num_engines`` engines in contiguous shards, as NeMo-RL's synchronous generation does
     (``vllm_generation.py`` ``shard_by_batch_size``: a prompt's generations stay together), and simulate each.
 

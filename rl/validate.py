@@ -131,21 +131,12 @@ def row_job(row: RunRow, *, mean_prompt_len: float = ASSUMED_MEAN_PROMPT_LEN) ->
     if row.mean_seq_len >= resp_max:
         raise TunerError(f"line {row.line}: mean_seq_len {row.mean_seq_len:g} is not below the longest response "
                          f"{resp_max:,}")
-    return RLJob(
-        model=model,
-        cluster=cluster,
-        framework=row.framework,
-        engine=row.rollout.engine,
-        prompt_len=prompt,
-        response_len=resp_max,
-        mean_prompt_len=prompt,
-        responses=LengthDistribution.from_mean_max(row.mean_seq_len, resp_max),
-        prompts_per_step=row.prompts_per_step,
-        generations_per_prompt=row.generations_per_prompt,
-        max_seq_len=row.max_seq_len,
-        generation_precision=row.generation_precision,
-        training_precision=row.training_precision,
-    )
+    return RLJob(model=model, cluster=cluster, framework=row.framework, engine=row.rollout.engine, prompt_len=prompt,
+                 response_len=resp_max, mean_prompt_len=prompt,
+                 responses=LengthDistribution.from_mean_max(row.mean_seq_len, resp_max),
+                 prompts_per_step=row.prompts_per_step, generations_per_prompt=row.generations_per_prompt,
+                 max_seq_len=row.max_seq_len, generation_precision=row.generation_precision,
+                 training_precision=row.training_precision)
 
 
 def predict_row(row: RunRow, *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
@@ -181,10 +172,8 @@ class RowResult:
         return predicted / measured - 1.0
 
 
-def predict_rows(
-    rows: Sequence[RunRow], *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
-    latency: LatencyProvider = default_latency
-) -> list[RowResult]:
+def predict_rows(rows: Sequence[RunRow], *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
+                 latency: LatencyProvider = default_latency) -> list[RowResult]:
     """Predict each row; a row that cannot be predicted carries its error instead."""
     out = []
     for r in rows:
