@@ -32,7 +32,7 @@ import numpy.typing as npt
 from specs.errors import TunerError
 
 __all__ = [
-    "AIC_VERSION", "Engine", "EngineDataError", "EngineShape", "GenerationPrecision", "LatencyTable",
+    "AIC_VERSION", "Engine", "EngineDataError", "EngineShape", "GenerationPrecision", "LatencyTable", "NamedEnum",
     "aiconfigurator_latency_table", "weight_bytes_per_param",
 ]
 
@@ -43,14 +43,18 @@ AIC_VERSION = "0.12.0"
 _FLOAT = npt.NDArray[np.float64]
 
 
-class Engine(str, Enum):
+class NamedEnum(str, Enum):
+    """An option's accepted names: prints (and formats) as its value."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Engine(NamedEnum):
     """Serving framework of the rollout engines."""
 
     vllm = "vllm"
     sglang = "sglang"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def _collapse_repeats(text: str) -> str:
@@ -64,7 +68,7 @@ class EngineDataError(TunerError):
     enumeration stops on it (a shape without data only sets that shape aside)."""
 
 
-class GenerationPrecision(str, Enum):
+class GenerationPrecision(NamedEnum):
     """Weights and arithmetic of the generation engines (the KV cache and attention stay BF16 in every case).
 
     - ``bf16``: every GEMM and expert in BF16 (NeMo-RL's and slime's default ``precision: bfloat16``).
@@ -78,9 +82,6 @@ class GenerationPrecision(str, Enum):
     bf16 = "bf16"
     fp8 = "fp8"
     checkpoint = "checkpoint"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
 from functools import lru_cache, partial
 from typing import Any
 
@@ -28,6 +27,7 @@ from rl.engine import (
     EngineShape,
     GenerationPrecision,
     LatencyTable,
+    NamedEnum,
     aiconfigurator_latency_table,
     weight_bytes_per_param,
 )
@@ -47,14 +47,11 @@ __all__ = [
 ]
 
 
-class Framework(str, Enum):
+class Framework(NamedEnum):
     """The RL framework the plan is exported for."""
 
     nemo_rl = "nemo-rl"
     slime = "slime"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: ``(job, shape) -> LatencyTable``: where engine latencies come from (aiconfigurator by default; tests pass functions).
@@ -120,12 +117,10 @@ class RLJob:
         if self.responses.max > self.response_len:
             raise TunerError(f"the response lengths reach {self.responses.max:,} tokens, above --response-len "
                              f"{self.response_len:,}")
-        if self.train_global_batch_size < 0:
-            raise TunerError(f"--train-global-batch {self.train_global_batch_size}: must be 0 (all of a step) or a "
-                             f"divisor of prompts x generations = {self.sequences}")
-        if self.train_global_batch_size and self.sequences % self.train_global_batch_size:
-            raise TunerError(f"--train-global-batch {self.train_global_batch_size} must divide prompts x generations = "
-                             f"{self.sequences}")
+        tgb = self.train_global_batch_size
+        if tgb < 0 or (tgb and self.sequences % tgb):
+            raise TunerError(f"--train-global-batch {tgb}: must be 0 (all of a step) or a divisor of prompts x "
+                             f"generations = {self.sequences}")
         if self.logprob_passes not in (1, 2):
             raise TunerError(
                 f"--logprob-passes {self.logprob_passes}: accepted 1 (the policy's log-probs for the importance ratio) "

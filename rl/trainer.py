@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
 from functools import lru_cache
 from typing import Any
 
@@ -25,6 +24,7 @@ import numpy as np
 
 from cost_model.calibration import DEFAULT_CALIBRATION
 from cost_model.estimate import estimate_table
+from rl.engine import NamedEnum
 from search_spaces.rules import check_layout, check_table
 from search_spaces.space import SearchSpace, enumerate_layouts
 from specs import (
@@ -48,14 +48,11 @@ __all__ = [
 ]
 
 
-class TrainerBackend(str, Enum):
+class TrainerBackend(NamedEnum):
     """The training stack."""
 
     megatron = "megatron"
     automodel = "automodel"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: The Megatron search space for RL trainers: NeMo-RL's performance recipes use full
