@@ -1,9 +1,6 @@
-"""``tune rl``: RL post-training plans (split, engines, trainer layout), their validation and calibration.
-
-Commands: ``tune rl`` / ``tune rl plan`` (rank plans for a job, optionally export the best), ``tune rl validate --data
+"""``tune rl`` (rank RL plans for a job: split, engines, trainer layout; export the best), ``tune rl validate --data
 CSV`` (predict measured runs), ``tune rl calibrate --log FILE`` (fit this cluster's factors from a run's timing output).
-Every number printed is a prediction unless it is labelled measured.
-"""
+Every number printed is a prediction unless it is labelled measured."""
 
 from __future__ import annotations
 

@@ -352,11 +352,7 @@ def weight_bytes_per_param(model: str, precision: GenerationPrecision) -> tuple[
         method = _checkpoint_quant(aic_model_name(model))
     except TunerError:
         method = None
-    if method == "fp8":
-        return 1.0, 1.0
-    if method == "mxfp4":
-        return 2.0, 4.25 / 8
-    return 2.0, 2.0
+    return {"fp8": (1.0, 1.0), "mxfp4": (2.0, 4.25 / 8)}.get(method or "", (2.0, 2.0))
 
 
 @lru_cache(maxsize=64)
