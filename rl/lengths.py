@@ -117,13 +117,12 @@ class LengthDistribution:
         an optional ``count``; a JSON list of lengths or ``{"lengths": [...], "counts": [...]}``; or one length per
         line. Lengths above ``max_len`` are cut to it.
 
-        Raises TunerError: unreadable file, an unknown format, or a length that is not a positive integer (row named).
-        """
+        Raises TunerError: unreadable file, an unknown format, or a length that is not a positive integer."""
         p = Path(path)
         where = f"--response-lengths {str(p)!r}"
         text = read_user_text(p, where, "a table or list of response lengths")
-        lengths: list[float] = []
-        counts: list[float] = []
+        lengths: list[object] = []
+        counts: list[object] = []
         stripped = text.lstrip()
         if stripped.startswith(("[", "{")):
             with parse_errors(where, "a JSON list of response lengths"):
@@ -141,23 +140,13 @@ class LengthDistribution:
             if lcol is None:
                 raise TunerError(f"{where}: the CSV header needs a length column (response_len, length or tokens); "
                                  f"found {', '.join(header)}")
-            for i, r in enumerate(rows, start=2):
+            for r in rows:
                 rr = {k.strip().lower(): (v or "").strip() for k, v in r.items()}
-                try:
-                    lengths.append(float(rr[lcol]))
-                    counts.append(float(rr.get("count") or 1))
-                except ValueError:
-                    raise TunerError(f"{where}: row {i}: {lcol}={rr[lcol]!r} / count={rr.get('count')!r} is not a "
-                                     "number") from None
+                lengths.append(rr[lcol])
+                counts.append(rr.get("count") or 1)
         else:
-            for i, line in enumerate(text.splitlines(), start=1):
-                if line.strip():
-                    try:
-                        lengths.append(float(line.strip()))
-                    except ValueError:
-                        raise TunerError(f"{where}: line {i}: {line.strip()!r} is not a length (one integer per "
-                                         "line)") from None
-                    counts.append(1.0)
+            lengths = [line.strip() for line in text.splitlines() if line.strip()]
+            counts = [1] * len(lengths)
         if not lengths or len(lengths) != len(counts):
             raise TunerError(f"{where}: no lengths found (a CSV response_len,count, a JSON list, or one length per "
                              "line)")
