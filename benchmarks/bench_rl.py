@@ -10,7 +10,7 @@ colocated-vs-split verdicts on the judge set, and the rows that cannot be predic
 ``engine`` predicts every row of ``benchmarks/data/engine_decode.csv`` (published vLLM / SGLang
 serving runs of MoE models on H100 / H200, provenance in ``engine_decode.md``) with the engine model
 ``tune rl`` uses (aiconfigurator's per-iteration latency driving the continuous-batching simulator,
-:mod:`rl.serving`) and prints the error of each row, the median |error| of the closed-load
+:mod:`benchmarks.rl_serving`) and prints the error of each row, the median |error| of the closed-load
 (decode) rows, TPOT rows alone and throughput rows alone, the open-load (``--request-rate inf``) rows
 apart, and aiconfigurator's own silicon samples apart again (not independent of it). Nothing is fitted.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.rl_serving import ServingPrediction, predict_serving, read_serving_runs, silicon_runs, summarise_serving
 from rl.calibration import DEFAULT_RL_CALIBRATION
-from rl.serving import ServingPrediction, predict_serving, read_serving_runs, silicon_runs, summarise_serving
 from rl.validate import fit_calibration, fit_calibrations, predict_rows, read_runs, recalibrate
 
 ROOT = Path(__file__).resolve().parents[1]

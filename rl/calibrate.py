@@ -72,20 +72,13 @@ def _nemo(lines: list[str]) -> list[MeasuredStep]:
             if total is not None:
                 is_async = "exposed_generation" in timers and "generation" not in timers
                 refit = timers.get("weight_sync", timers.get("prepare_for_generation/total"))
-                steps.append(
-                    MeasuredStep(
-                        step=len(steps) + 1,
-                        step_time_s=total,
-                        generation_s=timers.get("generation", timers.get("exposed_generation")),
-                        logprob_s=timers.get("policy_and_reference_logprobs"),
-                        training_s=timers.get("policy_training"),
-                        refit_s=refit,
-                        switch_s=None,
-                        mean_generation_len=mean_len,
-                        framework="nemo-rl",
-                        asynchronous=is_async,
-                    )
-                )
+                steps.append(MeasuredStep(
+                    step=len(steps) + 1, step_time_s=total,
+                    generation_s=timers.get("generation", timers.get("exposed_generation")),
+                    logprob_s=timers.get("policy_and_reference_logprobs"), training_s=timers.get("policy_training"),
+                    refit_s=refit, switch_s=None, mean_generation_len=mean_len, framework="nemo-rl",
+                    asynchronous=is_async,
+                ))
             continue
         i += 1
     return steps
@@ -116,20 +109,11 @@ def _slime(lines: list[str]) -> list[MeasuredStep]:
             continue
         lp = [v for v in (get("log_probs_time"), get("ref_log_probs_time")) if v is not None]
         sw = [v for v in (get("sleep_time"), get("wake_up_time")) if v is not None]
-        steps.append(
-            MeasuredStep(
-                step=rid,
-                step_time_s=step,
-                generation_s=get("rollout_time"),
-                logprob_s=sum(lp) if lp else None,
-                training_s=get("actor_train_time"),
-                refit_s=get("update_weights_time"),
-                switch_s=sum(sw) if sw else None,
-                mean_generation_len=d.get("rollout/response_len/mean"),
-                framework="slime",
-                asynchronous=False,
-            )
-        )
+        steps.append(MeasuredStep(
+            step=rid, step_time_s=step, generation_s=get("rollout_time"), logprob_s=sum(lp) if lp else None,
+            training_s=get("actor_train_time"), refit_s=get("update_weights_time"), switch_s=sum(sw) if sw else None,
+            mean_generation_len=d.get("rollout/response_len/mean"), framework="slime", asynchronous=False,
+        ))
     return steps
 
 

@@ -1,9 +1,6 @@
-"""``tune rl``: RL post-training plans (split, engines, trainer layout), their validation and calibration.
-
-Commands: ``tune rl`` / ``tune rl plan`` (rank plans for a job, optionally export the best), ``tune rl validate --data
+"""``tune rl`` (rank RL plans for a job: split, engines, trainer layout; export the best), ``tune rl validate --data
 CSV`` (predict measured runs), ``tune rl calibrate --log FILE`` (fit this cluster's factors from a run's timing output).
-Every number printed is a prediction unless it is labelled measured.
-"""
+Every number printed is a prediction unless it is labelled measured."""
 
 from __future__ import annotations
 
@@ -23,14 +20,26 @@ from rl.engine import Engine, GenerationPrecision
 from rl.exporters import plan_context
 from rl.layouts import TrainerLayout, parse_engine_layout, parse_trainer_layout
 from rl.lengths import LengthDistribution
-from rl.plan import Framework, PlanChoice, PlanSet, RLJob, RLPlan, check_async_steps, enumerate_plans, evaluate
-from rl.trainer import TrainerBackend, trainer_for_layout
+from rl.plan import (
+    Framework,
+    PlanSet,
+    RLJob,
+    RLPlan,
+    check_async_steps,
+    enumerate_plans,
+    evaluate,
+    evaluate_layouts,
+    layout_trainer,
+    splits,
+)
+from rl.trainer import TrainerBackend
 from rl.validate import predict_rows, read_runs, summarise
-from specs import Cluster, Precision, load_model, parse_gpus
+from specs import Precision, load_model, parse_gpus
 from specs.console import Col, fitted_table, say
 from specs.console import err as _err
 from specs.console import out as _out
 from specs.errors import TunerError
+from specs.files import write_output
 from specs.study_files import check_output_path
 
 __all__ = ["rl_app"]
@@ -45,6 +54,8 @@ EngineOpt = Annotated[Engine | None, typer.Option("--engine",
                                                   help="vllm or sglang (default: vllm for nemo-rl, sglang for slime).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 CalOpt = Annotated[Path | None, typer.Option("--calibration", help="RL calibration YAML from `tune rl calibrate`.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help=(
+    "Replace an output that is a link (the link, not its target) or another kind of file."))]
 
 
 
@@ -53,59 +64,28 @@ def _fail(e: TunerError) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def _job(
-    *,
-    model: str,
-    gpus: str,
-    framework: Framework,
-    engine: Engine | None,
-    prompt_len: int,
-    response_len: int,
-    mean_prompt_len: float | None,
-    mean_response_len: float | None,
-    response_lengths: Path | None,
-    prompts_per_step: int,
-    generations_per_prompt: int,
-    max_seq_len: int,
-    train_global_batch: int,
-    logprob_passes: int,
-    generation_precision: GenerationPrecision = GenerationPrecision.bf16,
-    training_precision: str = "bf16",
-) -> RLJob:
+def _job(model: str, gpus: str, framework: Framework, engine: Engine | None, *, mean_prompt_len: float | None,
+         mean_response_len: float | None, response_lengths: Path | None = None, training_precision: str = "bf16",
+         **fields: Any) -> RLJob:
+    """The job the options describe; ``fields`` (``prompt_len``, ``response_len``, ...) go to :class:`RLJob` as they
+    are.
+
+    Raises TunerError: an unknown model or GPU, slime with vLLM, bad lengths, an unknown training precision."""
     m = load_model(model, allow_config_args=True)
     cl = parse_gpus(gpus)
     eng = engine or (Engine.sglang if framework == Framework.slime else Engine.vllm)
     if framework == Framework.slime and eng != Engine.sglang:
         raise TunerError("--framework slime generates with SGLang; use --engine sglang")
-    if response_lengths is not None:
-        dist = LengthDistribution.from_file(response_lengths, max_len=response_len)
-    else:
-        dist = LengthDistribution.from_mean_max(mean_response_len if mean_response_len is not None
-                                                else response_len / 2, response_len)
-    return RLJob(
-        model=m,
-        cluster=cl,
-        framework=framework,
-        engine=eng,
-        prompt_len=prompt_len,
-        response_len=response_len,
-        mean_prompt_len=mean_prompt_len if mean_prompt_len is not None else prompt_len / 4,
-        responses=dist,
-        prompts_per_step=prompts_per_step,
-        generations_per_prompt=generations_per_prompt,
-        train_global_batch_size=train_global_batch,
-        logprob_passes=logprob_passes,
-        max_seq_len=max_seq_len,
-        generation_precision=generation_precision,
-        training_precision=_training_precision(training_precision),
-    )
-
-
-def _training_precision(text: str) -> Precision:
+    longest = fields["response_len"]
+    dist = (LengthDistribution.from_file(response_lengths, max_len=longest) if response_lengths is not None else
+            LengthDistribution.from_mean_max(longest / 2 if mean_response_len is None else mean_response_len, longest))
     try:
-        return Precision(text)
+        precision = Precision(training_precision)
     except ValueError:
-        raise TunerError(f"--training-precision {text!r}: accepted {', '.join(p.value for p in Precision)}") from None
+        raise TunerError(f"--training-precision {training_precision!r}: accepted "
+                         f"{', '.join(p.value for p in Precision)}") from None
+    return RLJob(model=m, cluster=cl, framework=framework, engine=eng, responses=dist, training_precision=precision,
+                 mean_prompt_len=fields["prompt_len"] / 4 if mean_prompt_len is None else mean_prompt_len, **fields)
 
 
 def _plan_dict(p: RLPlan) -> dict[str, Any]:
@@ -235,20 +215,10 @@ def _print_recommended(best: RLPlan, rank: int, framework: Framework, note: str,
         _out.print(f"  --out DIR writes its {what}", markup=False)
 
 
-def _check_plan_options(
-    job: RLJob,
-    *,
-    async_steps: int,
-    colocated: bool | None,
-    rollout_gpus: int | None,
-    engine_tp: int | None,
-    engine_ep: int | None,
-    gpu_memory_utilization: float | None,
-    max_num_seqs: int | None,
-    top: int,
-    trainer_layout: TrainerLayout | None,
-    trainer_layout_text: str | None,
-) -> None:
+def _check_plan_options(job: RLJob, *, async_steps: int, colocated: bool | None, rollout_gpus: int | None,
+                        engine_tp: int | None, engine_ep: int | None, gpu_memory_utilization: float | None,
+                        max_num_seqs: int | None, top: int, trainer_layout: TrainerLayout | None,
+                        trainer_layout_text: str | None) -> None:
     """Every search option of ``tune rl`` checked before anything is simulated (the job's own fields are
     :class:`RLJob`'s); the first bad one raises, naming the option and what it accepts."""
     cl, per = job.cluster, job.cluster.gpus_per_node
@@ -260,22 +230,7 @@ def _check_plan_options(
         raise TunerError(f"--max-num-seqs {max_num_seqs}: must be at least 1 (sequences an engine runs at once)")
     if top < 1:
         raise TunerError(f"--top {top}: must be at least 1 (plans to print)")
-    if colocated is False and cl.num_nodes == 1:
-        raise TunerError(f"--no-colocated: a split needs at least two nodes; --gpus {cl.label} has one (use "
-                         "--colocated)")
-    if rollout_gpus is not None and (rollout_gpus >= cl.num_gpus or rollout_gpus < 1 or rollout_gpus % per):
-        why = (f"{cl.label} has {cl.num_gpus} GPUs and the trainer needs at least one node"
-               if rollout_gpus >= cl.num_gpus else "rollout GPUs are whole nodes")
-        if cl.num_nodes > 1:
-            accepted = f"a multiple of {per} from {per} to {cl.num_gpus - per}"
-        else:
-            accepted = "none: a split needs at least two nodes (use --colocated)"
-        raise TunerError(f"--rollout-gpus {rollout_gpus}: {why}; accepted: {accepted}")
-
-    # (colocated, rollout GPUs) of every split the search tries
-    splits = [(True, cl.num_gpus)] if colocated in (None, True) else []
-    if colocated in (None, False):
-        splits += [(False, r) for r in range(per, cl.num_gpus, per) if rollout_gpus in (None, r)]
+    tried = splits(cl, colocated, None if rollout_gpus is None else [rollout_gpus])
 
     # an engine's GPUs divide a node, or are whole nodes (vLLM / SGLang place ranks node by node)
     def tiles(g: int) -> bool:
@@ -291,7 +246,7 @@ def _check_plan_options(
         m = job.model
 
         def engine_fits(g: int) -> bool:  # an engine of g GPUs tiles nodes and some split's rollout GPUs
-            return tiles(g) and any(r % g == 0 for _, r in splits)
+            return tiles(g) and any(r % g == 0 for _, r in tried)
 
         def ep_fits(e: int) -> bool:
             if e == 1:
@@ -304,7 +259,7 @@ def _check_plan_options(
             return engine_tp % e == 0 if e <= engine_tp else e % engine_tp == 0 and engine_fits(e)
 
         if not ep_fits(engine_ep):
-            ok = [e for e in range(1, max(r for _, r in splits) + 1) if ep_fits(e)]
+            ok = [e for e in range(1, max(r for _, r in tried) + 1) if ep_fits(e)]
             if engine_ep < 1:
                 why = "must be at least 1 (1 = experts tensor-parallel)"
             elif not m.is_moe:
@@ -318,15 +273,11 @@ def _check_plan_options(
                 )
             raise TunerError(f"--engine-ep {engine_ep}: {why}; accepted: {', '.join(map(str, ok))}")
     if trainer_layout is not None:
-        sizes = [cl.num_gpus if c else cl.num_gpus - r for c, r in splits]
-        t = trainer_layout
+        sizes = [cl.num_gpus if c else cl.num_gpus - r for c, r in tried]
         first = ""
         for n in sizes:
-            sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(per, n),
-                          inter_node_bytes_per_s=cl.inter_node_bytes_per_s, usd_per_gpu_hour=cl.usd_per_gpu_hour)
             try:
-                trainer_for_layout(job.model, sub, job.workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp,
-                                   vpp=t.vpp, optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes)
+                layout_trainer(job, n, trainer_layout)
                 return
             except TunerError as e:
                 first = first or str(e)
@@ -390,8 +341,7 @@ def plan(
     export: Annotated[Path | None, typer.Option(
         "--export", help="Write the best plan's launch to this file instead (same formats as --out).")] = None,
     json_out: JsonOpt = False,
-    force: Annotated[bool, typer.Option("--force", help=(
-        "Replace an output that is a link (the link, not its target) or another kind of file."))] = False,
+    force: ForceOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", help="Say why each set-aside plan was set aside.")] = False,
 ) -> None:
     """Rank RL plans for a job: colocated or split, engine shapes, trainer layouts, async depth."""
@@ -400,24 +350,18 @@ def plan(
     try:
         if not model or not gpus:
             raise TunerError("tune rl needs --model and --gpus (e.g. --model MiniMax-M3 --gpus 32x8xH200)")
-        job = _job(
-            model=model, gpus=gpus, framework=framework, engine=engine, prompt_len=prompt_len,
-            response_len=response_len,
-            mean_prompt_len=mean_prompt_len, mean_response_len=mean_response_len, response_lengths=response_lengths,
-            prompts_per_step=prompts_per_step, generations_per_prompt=generations_per_prompt, max_seq_len=max_seq_len,
-            train_global_batch=train_global_batch, logprob_passes=logprob_passes,
-            generation_precision=generation_precision,
-            training_precision=training_precision,
-        )
+        job = _job(model, gpus, framework, engine, mean_prompt_len=mean_prompt_len,
+                   mean_response_len=mean_response_len, response_lengths=response_lengths,
+                   training_precision=training_precision, prompt_len=prompt_len, response_len=response_len,
+                   prompts_per_step=prompts_per_step, generations_per_prompt=generations_per_prompt,
+                   max_seq_len=max_seq_len, train_global_batch_size=train_global_batch, logprob_passes=logprob_passes,
+                   generation_precision=generation_precision)
         cal = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
         tl = parse_trainer_layout(trainer_layout, "--trainer-layout") if trainer_layout else None
         backends = _backends(framework, trainer_backend)
-        _check_plan_options(
-            job, async_steps=async_steps, colocated=colocated, rollout_gpus=rollout_gpus, engine_tp=engine_tp,
-            engine_ep=engine_ep,
-            gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs, top=top, trainer_layout=tl,
-            trainer_layout_text=trainer_layout,
-        )
+        _check_plan_options(job, async_steps=async_steps, colocated=colocated, rollout_gpus=rollout_gpus,
+                            engine_tp=engine_tp, engine_ep=engine_ep, gpu_memory_utilization=gpu_memory_utilization,
+                            max_num_seqs=max_num_seqs, top=top, trainer_layout=tl, trainer_layout_text=trainer_layout)
         ps = enumerate_plans(
             job, calibration=cal, backends=backends, async_steps=async_steps, colocated=colocated,
             rollout_gpus=None if rollout_gpus is None else [rollout_gpus],
@@ -426,14 +370,15 @@ def plan(
             max_num_seqs=(256, 1024) if max_num_seqs is None else (max_num_seqs,),
             enforce_eager=(False, True) if enforce_eager is None else (enforce_eager,), trainer_layout=tl,
         )
-        best, export_note = _plan_to_export(ps)
+        best, rec_note, export_note = _plan_to_export(ps)
         written = _write_launch(best, job, framework, out=out, export=export, force=force)
     except TunerError as e:
         raise _fail(e) from None
     if json_out:
         _print_plan_json(job, framework, cal, ps, best, top=top, written=written, export_note=export_note)
         return
-    _print_plan_text(job, framework, cal, ps, best, top=top, written=written, verbose=verbose, async_steps=async_steps)
+    _print_plan_text(job, framework, cal, ps, best, rec_note, top=top, written=written, verbose=verbose,
+                     async_steps=async_steps)
 
 
 def _backends(framework: Framework, trainer_backend: str) -> tuple[TrainerBackend, ...]:
@@ -449,22 +394,24 @@ def _backends(framework: Framework, trainer_backend: str) -> tuple[TrainerBacken
         raise TunerError(f"--trainer-backend {trainer_backend!r}: accepted megatron, automodel or all") from None
 
 
-def _plan_to_export(ps: PlanSet) -> tuple[RLPlan, str]:
-    """The plan to export, and why it is not plan 1 ("" when it is)."""
-    # export the fastest plan whose trainer layout is known to run (inside its backend's validated scope); a faster
-    # plan outside it is printed first but not exported
-    best = next((p for p in ps.plans if p.trainer.in_validated_scope), ps.plans[0])
-    export_note = ""
+def _plan_to_export(ps: PlanSet) -> tuple[RLPlan, str, str]:
+    """The plan to export: the fastest whose trainer layout is known to run (inside its backend's validated scope; a
+    faster plan outside it is printed first but not exported); then why it is not plan 1 in the report's words and in
+    ``--json``'s ("" when it is)."""
+    first = ps.plans[0]
+    best = next((p for p in ps.plans if p.trainer.in_validated_scope), first)
     if not best.trainer.in_validated_scope:
-        export_note = ("no plan's trainer layout is inside the backend's validated scope; the export is plan 1, "
-                       f"{best.trainer.note}")
-    elif best is not ps.plans[0]:
-        gain = 1 - ps.plans[0].step_time_s / best.step_time_s
-        faster = (f"{gain:.1%} faster" if gain >= 0.0005
-                  else "as fast (within 0.1%)") + f" ({ps.plans[0].step_time_s:.1f} s per step)"
-        export_note = (f"the export is the fastest plan inside the trainer's validated scope ({best.step_time_s:.1f} s "
-                       f"per step); plan 1 is predicted {faster} but {ps.plans[0].trainer.note}")
-    return best, export_note
+        return best, f"no plan's trainer is inside its validated scope; this one is {best.trainer.note}", (
+            "no plan's trainer layout is inside the backend's validated scope; the export is plan 1, "
+            f"{best.trainer.note}")
+    if best is first:
+        return best, "", ""
+    gain = 1 - first.step_time_s / best.step_time_s
+    faster = f"{gain:.1%} faster" if gain >= 0.0005 else "as fast"
+    return best, f"plan 1 is predicted {faster} but {first.trainer.note}", (
+        f"the export is the fastest plan inside the trainer's validated scope ({best.step_time_s:.1f} s per step); "
+        f"plan 1 is predicted {faster}{'' if gain >= 0.0005 else ' (within 0.1%)'} ({first.step_time_s:.1f} s per "
+        f"step) but {first.trainer.note}")
 
 
 def _write_launch(best: RLPlan, job: RLJob, framework: Framework, *, out: Path | None, export: Path | None,
@@ -490,8 +437,7 @@ def _write_launch(best: RLPlan, job: RLJob, framework: Framework, *, out: Path |
 
 
 def _print_plan_json(job: RLJob, framework: Framework, cal: RLCalibration, ps: PlanSet, best: RLPlan, *, top: int,
-                     written: list[Path],
-                     export_note: str) -> None:
+                     written: list[Path], export_note: str) -> None:
     """``tune rl --json``: the ranked plans, the recommended one and what was written, as one JSON document."""
     _out.print_json(json.dumps({
         "model": job.model.name, "cluster": job.cluster.label, "framework": str(framework), "engine": str(job.engine),
@@ -508,9 +454,8 @@ def _print_plan_json(job: RLJob, framework: Framework, cal: RLCalibration, ps: P
     }))
 
 
-def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: PlanSet, best: RLPlan, *, top: int,
-                     written: list[Path],
-                     verbose: bool, async_steps: int) -> None:
+def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: PlanSet, best: RLPlan, rec_note: str, *,
+                     top: int, written: list[Path], verbose: bool, async_steps: int) -> None:
     """``tune rl``'s report: the job, the recommended plan, the counts, the plan tables and the files written."""
     _out.print(f"[bold]{escape(job.model.name)}[/] on {job.cluster.label}, {framework} + {job.engine}: "
                f"{job.prompts_per_step} prompts x {job.generations_per_prompt} generations a step", highlight=False)
@@ -520,14 +465,6 @@ def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: P
     _out.print("Every number is a prediction (simulated rollout, analytical trainer).")
     ranked = _distinct(ps.plans, len(ps.plans))
     rank = next(i for i, p in enumerate(ranked, 1) if p.choice == best.choice and p.trainer.label == best.trainer.label)
-    if not best.trainer.in_validated_scope:
-        rec_note = f"no plan's trainer is inside its validated scope; this one is {best.trainer.note}"
-    elif best is not ps.plans[0]:
-        gain = 1 - ps.plans[0].step_time_s / best.step_time_s
-        faster = f"{gain:.1%} faster" if gain >= 0.0005 else "as fast"
-        rec_note = f"plan 1 is predicted {faster} but {ps.plans[0].trainer.note}"
-    else:
-        rec_note = ""
     _print_recommended(best, rank, framework, rec_note, hint=not written, shown=top)
     _out.print()
     # plans set aside add up with the evaluated ones to the considered; a split without a trainer layout is counted as a
@@ -557,6 +494,9 @@ def _print_plan_text(job: RLJob, framework: Framework, cal: RLCalibration, ps: P
                    markup=False)
 
 
+_PARTS = ("generation_s", "logprob_s", "training_s", "refit_s", "switch_s")
+
+
 @rl_app.command("validate")
 def validate_cmd(
     data: Annotated[Path, typer.Option("--data", help="CSV of measured RL runs (benchmarks/data/rl_runs.csv).")],
@@ -583,38 +523,26 @@ def validate_cmd(
             "unreadable": errors, "summary": summary,
         }))
         return
-    _out.print(f"Measured vs predicted step time ({data}; calibration: {cal.source})", markup=False, highlight=False)
+    _out.print(f"Measured vs predicted step time ({data}; calibration: {cal.source})", markup=False)
     cols = [Col("line", "right"), Col("run"), Col("measured s", "right"), Col("predicted s", "right"),
-            Col("error", "right"),
-            Col("gen", "right", 1), Col("logprob", "right", 3), Col("train", "right", 2), Col("refit", "right", 4),
-            Col("switch", "right", 5)]
-    table_rows: list[list[str]] = []
-    for r in results:
-        if r.plan is None:
-            continue
-        pt = r.plan.parts
-        table_rows.append([str(r.row.line), r.row.label, f"{r.row.step_time_s:g}", f"{pt.step_time_s:.1f}",
-                           f"{r.rel_error('step'):+.0%}",
-                     f"{pt.generation_s:.1f}", f"{pt.logprob_s:.1f}", f"{pt.training_s:.1f}", f"{pt.refit_s:.1f}",
-                           f"{pt.switch_s:.1f}"])
-    t = fitted_table(cols, table_rows, console=_out)
-    _out.print(t)
-    st = summary["step"]
-    assert isinstance(st, dict)
+            Col("error", "right"), Col("gen", "right", 1), Col("logprob", "right", 3), Col("train", "right", 2),
+            Col("refit", "right", 4), Col("switch", "right", 5)]
+    table_rows = [[str(r.row.line), r.row.label, f"{r.row.step_time_s:g}", f"{r.plan.parts.step_time_s:.1f}",
+                   f"{r.rel_error('step'):+.0%}", *(f"{getattr(r.plan.parts, k):.1f}" for k in _PARTS)]
+                  for r in results if r.plan is not None]
+    _out.print(fitted_table(cols, table_rows, console=_out))
+    st: Any = summary["step"]
     med = st["median_abs_error"]
     _out.print(f"step time: {st['n']} rows predicted of {len(table_rows) + len(errors)}; median |error| "
-               f"{'n/a' if med is None else f'{med:.1%}'}", highlight=False, markup=False)
+               f"{'n/a' if med is None else f'{med:.1%}'}", markup=False)
     for part in ("generation", "training"):
-        s = summary[part]
-        assert isinstance(s, dict)
+        s: Any = summary[part]
         _out.print(f"{part}: " + ("not published in these rows" if not s["n"]
-                                  else f"{s['n']} rows, median |error| {s['median_abs_error']:.1%}"), highlight=False,
-                   markup=False)
-    verdicts = summary["colocated_vs_split"]
-    assert isinstance(verdicts, list)
+                                  else f"{s['n']} rows, median |error| {s['median_abs_error']:.1%}"), markup=False)
+    verdicts: Any = summary["colocated_vs_split"]
     for v in verdicts:
         _out.print(f"colocated vs split, {v['group']}: measured faster {v['measured']}, predicted faster "
-                   f"{v['predicted']} ({'agree' if v['agree'] else 'MISS'})", highlight=False, markup=False)
+                   f"{v['predicted']} ({'agree' if v['agree'] else 'MISS'})", markup=False)
     hints: dict[str, None] = {}  # a reason in brackets that many rows share is said once, after them
     for u in unreadable:
         m = re.fullmatch(r"(.*?)\s+\[(.+)\]", u, re.S)
@@ -654,10 +582,7 @@ def calibrate_cmd(
     out: Annotated[Path | None,
                    typer.Option("--out", help="Write the fitted factors here (YAML for --calibration).")] = None,
     json_out: JsonOpt = False,
-    force: Annotated[bool,
-                     typer.Option("--force",
-                                  help="Replace an output that is a link (the link, not its target) or another kind of "
-                                  "file.")] = False,
+    force: ForceOpt = False,
 ) -> None:
     """Fit this cluster's factors from a run's per-step timing, so the next plan is calibrated to it."""
     try:
@@ -665,14 +590,9 @@ def calibrate_cmd(
         measured = mean_measured(steps)
         mean_resp = mean_response_len if mean_response_len is not None else measured.get("mean_generation_len")
         eng = parse_engine_layout(rollout_layout, "--rollout-layout")
-        job = _job(
-            model=model, gpus=gpus, framework=framework, engine=eng.engine, prompt_len=prompt_len,
-            response_len=response_len,
-            mean_prompt_len=mean_prompt_len, mean_response_len=mean_resp, response_lengths=None,
-            prompts_per_step=prompts_per_step,
-            generations_per_prompt=generations_per_prompt, max_seq_len=0, train_global_batch=0,
-            logprob_passes=logprob_passes,
-        )
+        job = _job(model, gpus, framework, eng.engine, mean_prompt_len=mean_prompt_len, mean_response_len=mean_resp,
+                   prompt_len=prompt_len, response_len=response_len, prompts_per_step=prompts_per_step,
+                   generations_per_prompt=generations_per_prompt, logprob_passes=logprob_passes)
         check_async_steps(async_steps)
         base = load_rl_calibration(calibration) if calibration else DEFAULT_RL_CALIBRATION
         tl = parse_trainer_layout(trainer_layout, "--trainer-layout")
@@ -683,37 +603,19 @@ def calibrate_cmd(
         per = cl.gpus_per_node
         if rollout_gpus < 1 or (not colocated and rollout_gpus % per):
             raise TunerError(f"--rollout-gpus {rollout_gpus}: rollout GPUs are whole {per}-GPU nodes of --gpus "
-                             f"{cl.label}"
-                             + ("" if colocated
-                                else " (the trainer has the rest); accepted: "
-                                f"{', '.join(str(r) for r in range(per, cl.num_gpus, per))}"))
-        sub = Cluster(gpu=cl.gpu, num_gpus=trainer_gpus, gpus_per_node=min(cl.gpus_per_node, trainer_gpus),
-                      inter_node_bytes_per_s=cl.inter_node_bytes_per_s)
-        wl = job.workload
-        trainer = trainer_for_layout(job.model, sub, wl, tl.backend, tp=tl.tp, cp=tl.cp, ep=tl.ep, pp=tl.pp, vpp=tl.vpp,
-                                     logprob_passes=logprob_passes)
-        choice = PlanChoice(
-            colocated=colocated, rollout_gpus=rollout_gpus, trainer_gpus=trainer_gpus, shape=eng.shape,
-            gpu_memory_utilization=eng.gpu_memory_utilization or (0.6 if colocated else 0.8),
-            max_num_seqs=eng.max_num_seqs or 1024,
-            enforce_eager=bool(eng.enforce_eager), async_steps=async_steps, trainer_backend=tl.backend,
-            engine=eng.engine,
-        )
-        predicted = evaluate(job, choice, trainer=trainer, calibration=base)
+                             f"{cl.label}" + ("" if colocated else " (the trainer has the rest); accepted: "
+                                              f"{', '.join(str(r) for r in range(per, cl.num_gpus, per))}"))
+        predicted = evaluate_layouts(job, eng, tl, colocated=colocated, rollout_gpus=rollout_gpus,
+                                     trainer_gpus=trainer_gpus, async_steps=async_steps, calibration=base)
         fitted = fit_from_measured(predicted, measured, base,
                                    source=f"calibrated from {log.name} ({len(steps)} steps, {steps[0].framework})")
-        after = evaluate(job, choice, trainer=trainer, calibration=fitted)
-    except TunerError as e:
-        raise _fail(e) from None
-    text = save_rl_calibration(fitted)
-    if out is not None:
-        from specs.files import write_output
-
-        try:
+        after = evaluate(job, predicted.choice, trainer=predicted.trainer, calibration=fitted)
+        text = save_rl_calibration(fitted)
+        if out is not None:
             check_output_path("--out", out, force=force)
             write_output(out, text, label="--out", force=force)
-        except TunerError as e:
-            raise _fail(e) from None
+    except TunerError as e:
+        raise _fail(e) from None
     if json_out:
         _out.print_json(json.dumps({"measured": measured, "predicted_before": _plan_dict(predicted)["predicted"],
                                     "predicted_after": _plan_dict(after)["predicted"],

@@ -22,7 +22,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +32,8 @@ import numpy.typing as npt
 from specs.errors import TunerError
 
 __all__ = [
-    "AIC_VERSION",
-    "Engine",
-    "EngineDataError",
-    "EngineShape",
-    "GenerationPrecision",
-    "LatencyTable",
-    "aic_model_name",
-    "aic_model_for_precision",
-    "aic_system_name",
-    "aiconfigurator_latency_table",
-    "cache_dir",
-    "weight_bytes_per_param",
+    "AIC_VERSION", "Engine", "EngineDataError", "EngineShape", "GenerationPrecision", "LatencyTable", "NamedEnum",
+    "aiconfigurator_latency_table", "weight_bytes_per_param",
 ]
 
 #: The aiconfigurator release this adapter is written against (``pyproject.toml`` extra ``rl``).
@@ -53,14 +43,18 @@ AIC_VERSION = "0.12.0"
 _FLOAT = npt.NDArray[np.float64]
 
 
-class Engine(str, Enum):
+class NamedEnum(str, Enum):
+    """An option's accepted names: prints (and formats) as its value."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Engine(NamedEnum):
     """Serving framework of the rollout engines."""
 
     vllm = "vllm"
     sglang = "sglang"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def _collapse_repeats(text: str) -> str:
@@ -74,7 +68,7 @@ class EngineDataError(TunerError):
     enumeration stops on it (a shape without data only sets that shape aside)."""
 
 
-class GenerationPrecision(str, Enum):
+class GenerationPrecision(NamedEnum):
     """Weights and arithmetic of the generation engines (the KV cache and attention stay BF16 in every case).
 
     - ``bf16``: every GEMM and expert in BF16 (NeMo-RL's and slime's default ``precision: bfloat16``).
@@ -88,9 +82,6 @@ class GenerationPrecision(str, Enum):
     bf16 = "bf16"
     fp8 = "fp8"
     checkpoint = "checkpoint"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,10 +104,6 @@ class EngineShape:
     SGLang ``--enable-dp-attention --dp-size``); each rank holds its own sequences."""
 
     def __post_init__(self) -> None:
-        for f in ("tp", "pp", "ep", "attention_dp"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
-                raise TunerError(f"engine {f} must be a positive integer, got {v!r}")
         if (self.tp * self.attention_dp) % self.ep:
             raise TunerError(
                 f"engine ep={self.ep} must divide tp x attention_dp = {self.tp * self.attention_dp} "
@@ -208,15 +195,8 @@ class LatencyTable:
         return float(self.prefill[-1] * t / x[-1])
 
     @classmethod
-    def from_functions(
-        cls,
-        decode: Callable[[int, int], float],
-        prefill: Callable[[int], float],
-        *,
-        max_ctx: int = CTX_GRID[-1],
-        attention_dp: int = 1,
-        source: str = "functions",
-    ) -> LatencyTable:
+    def from_functions(cls, decode: Callable[[int, int], float], prefill: Callable[[int], float], *,
+                       max_ctx: int = CTX_GRID[-1], attention_dp: int = 1, source: str = "functions") -> LatencyTable:
         """A table sampled from ``decode(num_seqs, ctx_len) -> s`` and ``prefill(tokens) -> s`` on the grids."""
         ctx = _ctx_grid(max_ctx)
         seqs = np.asarray(SEQ_GRID, dtype=float)
@@ -225,16 +205,10 @@ class LatencyTable:
         pre = np.array([prefill(int(t)) for t in pt], dtype=float)
         return cls(seqs, ctx, dec, pt, pre, attention_dp, source)
 
-    def scaled(self, factor: float) -> LatencyTable:
-        """Every latency times ``factor`` (a per-cluster calibration or the eager-mode penalty)."""
-        return LatencyTable(self.seqs, self.ctx, self.decode * factor, self.prefill_tokens, self.prefill * factor,
-                            self.attention_dp, self.source)
-
 
 def _ctx_grid(max_ctx: int) -> _FLOAT:
     g = [c for c in CTX_GRID if c < max_ctx]
-    return np.asarray([*g, max(max_ctx, 2 * g[-1] if g else 128)],
-                      dtype=float) if g else np.asarray([32.0, float(max(max_ctx, 64))])
+    return np.asarray([*g, max(max_ctx, 2 * g[-1])] if g else [32.0, max(max_ctx, 64)], dtype=float)
 
 
 # --------------------------------------------------------------------------- aiconfigurator adapter
@@ -293,13 +267,17 @@ def aic_system_name(gpu: str, engine: Engine) -> str:
     return system
 
 
+def _aic_root() -> Path | None:
+    """The installed ``aiconfigurator_core`` package folder; None when it is not installed."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    return None if spec is None or spec.origin is None else Path(spec.origin).parent
+
+
 def _systems_with_data(engine: Engine) -> set[str] | None:
     """aiconfigurator systems with GEMM tables for ``engine``; None when aiconfigurator is not installed."""
-    spec = importlib.util.find_spec("aiconfigurator_core")
-    if spec is None or spec.origin is None:
-        return None
-    data = Path(spec.origin).parent / "systems" / "data"
-    return {d.name for d in data.iterdir() if (d / "gemm" / str(engine)).is_dir()} if data.is_dir() else None
+    root = _aic_root()
+    data = root / "systems" / "data" if root else None
+    return {d.name for d in data.iterdir() if (d / "gemm" / str(engine)).is_dir()} if data and data.is_dir() else None
 
 
 def cache_dir() -> Path:
@@ -312,43 +290,27 @@ def cache_dir() -> Path:
     return Path(base) / "megatron-layout-tuner" / "rl"
 
 
-def _require_aiconfigurator() -> Any:
-    """Import aiconfigurator's engine module.
-
-    Raises TunerError: aiconfigurator is not installed (names the ``rl`` extra)."""
-    try:
-        return importlib.import_module("aiconfigurator_core.sdk.engine")
-    except ImportError:
-        raise EngineDataError(
-            "tune rl needs aiconfigurator for the engines' per-iteration latency: "
-            f"pip install 'megatron-layout-tuner[rl]' (aiconfigurator=={AIC_VERSION})"
-        ) from None
-
-
 #: aiconfigurator's name of the BF16 quantisation mode (``sdk/common.py``: ``GEMMQuantMode.bfloat16`` and kin).
 _BF16 = "bfloat16"
+
+
+def _bundled_config(model_id: str) -> Path | None:
+    """The ``config.json`` aiconfigurator bundles for ``model_id``; None when it has none."""
+    root = _aic_root()
+    f = root / "model_configs" / f"{model_id.replace('/', '--')}_config.json" if root else None
+    return f if f and f.is_file() else None
 
 
 def _checkpoint_quant(model_id: str) -> str | None:
     """``quantization_config.quant_method`` of the configuration aiconfigurator bundles for ``model_id`` (None: BF16 or
     not found)."""
-    spec = importlib.util.find_spec("aiconfigurator_core")
-    if spec is None or spec.origin is None:
-        return None
-    f = Path(spec.origin).parent / "model_configs" / f"{model_id.replace('/', '--')}_config.json"
+    f = _bundled_config(model_id)
     try:
-        q = json.loads(f.read_text()).get("quantization_config") or {}
+        q = json.loads(f.read_text()).get("quantization_config") or {} if f else {}
     except (OSError, ValueError):
         return None
     method = q.get("quant_method") if isinstance(q, dict) else None
     return str(method) if method else None
-
-
-def _has_bundled_config(model_id: str) -> bool:
-    spec = importlib.util.find_spec("aiconfigurator_core")
-    if spec is None or spec.origin is None:
-        return False
-    return (Path(spec.origin).parent / "model_configs" / f"{model_id.replace('/', '--')}_config.json").is_file()
 
 
 def aic_model_for_precision(model: str, precision: GenerationPrecision) -> tuple[str, dict[str, str]]:
@@ -365,9 +327,9 @@ def aic_model_for_precision(model: str, precision: GenerationPrecision) -> tuple
                           "fmha_quant_mode": _BF16}
     attn = {"kvcache_quant_mode": _BF16, "fmha_quant_mode": _BF16}
     if precision == GenerationPrecision.fp8:
-        if _has_bundled_config(model_id + "-FP8"):
+        if _bundled_config(model_id + "-FP8"):
             return model_id + "-FP8", attn
-        if importlib.util.find_spec("aiconfigurator_core") is not None and _checkpoint_quant(model_id) != "fp8":
+        if _aic_root() is not None and _checkpoint_quant(model_id) != "fp8":
             raise EngineDataError(
                 f"--generation-precision fp8: aiconfigurator {AIC_VERSION} bundles no FP8 checkpoint of {model_id} "
                 f"(neither {model_id}-FP8 nor an FP8 quantization_config); use bf16"
@@ -390,46 +352,30 @@ def weight_bytes_per_param(model: str, precision: GenerationPrecision) -> tuple[
         method = _checkpoint_quant(aic_model_name(model))
     except TunerError:
         method = None
-    if method == "fp8":
-        return 1.0, 1.0
-    if method == "mxfp4":
-        return 2.0, 4.25 / 8
-    return 2.0, 2.0
+    return {"fp8": (1.0, 1.0), "mxfp4": (2.0, 4.25 / 8)}.get(method or "", (2.0, 2.0))
 
 
 @lru_cache(maxsize=64)
 def _handle(model_id: str, system: str, backend: str, shape: EngineShape, quant: tuple[tuple[str, str], ...]) -> Any:
-    mod = _require_aiconfigurator()  # EngineDataError when missing: not wrapped below
+    try:
+        mod = importlib.import_module("aiconfigurator_core.sdk.engine")
+    except ImportError:  # not wrapped below: no shape can be timed
+        raise EngineDataError("tune rl needs aiconfigurator for the engines' per-iteration latency: "
+                              f"pip install 'megatron-layout-tuner[rl]' (aiconfigurator=={AIC_VERSION})") from None
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     try:
-        return mod.EngineHandle.compile(
-            model_id,
-            system,
-            backend,
-            tp_size=shape.tp,
-            pp_size=shape.pp,
-            attention_dp_size=shape.attention_dp,
-            moe_tp_size=shape.moe_tp,
-            moe_ep_size=shape.ep,
-            **dict(quant),
-        )
+        return mod.EngineHandle.compile(model_id, system, backend, tp_size=shape.tp, pp_size=shape.pp,
+                                        attention_dp_size=shape.attention_dp, moe_tp_size=shape.moe_tp,
+                                        moe_ep_size=shape.ep, **dict(quant))
     # aiconfigurator raises its own error types (and ValueError / KeyError) for unsupported cases
     except Exception as e:
         raise TunerError(f"aiconfigurator {AIC_VERSION} cannot build a {backend} engine of {model_id} on {system} at "
                          f"{shape.label}: {e}") from None
 
 
-def aiconfigurator_latency_table(
-    model: str,
-    gpu: str,
-    engine: Engine,
-    shape: EngineShape,
-    *,
-    max_ctx: int,
-    precision: GenerationPrecision = GenerationPrecision.bf16,
-    use_cache: bool = True,
-) -> LatencyTable:
-    """The latency grid of one engine shape from aiconfigurator, cached on disk (``use_cache``) and in memory: decode
+def aiconfigurator_latency_table(model: str, gpu: str, engine: Engine, shape: EngineShape, *, max_ctx: int,
+                                 precision: GenerationPrecision = GenerationPrecision.bf16) -> LatencyTable:
+    """The latency grid of one engine shape from aiconfigurator, cached on disk and in memory: decode
     ``EngineHandle.decode_step_latency(n, c, 2)`` (ms; ``isl = c``, its ``isl + osl/2`` being the mean KV length),
     prefill ``predict_prefill_latency(1, t)`` (ms), up to ``max_ctx`` tokens (prompt + response). ``model`` and ``gpu``
     are our preset names (``MiniMax-M3``, ``H200``).
@@ -442,14 +388,13 @@ def aiconfigurator_latency_table(
                       max_ctx, str(precision)])
     path = cache_dir() / f"aic-{hashlib.sha256(key.encode()).hexdigest()[:20]}.npz"
     missing = path.with_name(path.stem + ".nodata.txt")
-    if use_cache:
-        hit = _read_cached(path)
-        if hit is not None:
-            return hit
-        try:
-            raise TunerError(missing.read_text())  # a shape aiconfigurator had no data for on an earlier run
-        except (OSError, UnicodeDecodeError):
-            pass
+    hit = _read_cached(path)
+    if hit is not None:
+        return hit
+    try:
+        raise TunerError(missing.read_text())  # a shape aiconfigurator had no data for on an earlier run
+    except (OSError, UnicodeDecodeError):
+        pass
     system = aic_system_name(gpu, engine)
     quant = tuple(sorted(quant_kw.items()))
     ctx = _ctx_grid(max_ctx)
@@ -458,10 +403,9 @@ def aiconfigurator_latency_table(
     source = ""
     # Experts tensor-parallel over the engine (ep < tp x dp) lack MoE tables for many models in 0.12.0;
     # the same experts spread by EP over the same GPUs is the stand-in (equal expert bytes per GPU).
-    tries = [shape] if shape.ep == shape.tp * shape.attention_dp else [shape,
-                                                                       EngineShape(tp=shape.tp, pp=shape.pp,
-                                                                                   ep=shape.tp * shape.attention_dp,
-                                                                                   attention_dp=shape.attention_dp)]
+    ranks = shape.tp * shape.attention_dp
+    tries = [shape] + ([] if shape.ep == ranks else [EngineShape(tp=shape.tp, pp=shape.pp, ep=ranks,
+                                                                 attention_dp=shape.attention_dp)])
     first_error = ""
     for s in tries:
         try:
@@ -480,24 +424,20 @@ def aiconfigurator_latency_table(
         hint = ""
         if (precision == GenerationPrecision.bf16 and "MoE data missing" in first_error
                 and _checkpoint_quant(model_id) == "fp8"):
-            hint = (
-                f" [{model_id}'s own checkpoint is FP8 and aiconfigurator times its experts only as FP8 blocks: a run "
-                "that generated in FP8 "
-                "is predicted with generation precision fp8; a BF16 run is not predicted, as FP8 timing would "
-                "understate BF16 decode (its expert weights are twice the bytes)]"
-            )
+            hint = (f" [{model_id}'s own checkpoint is FP8 and aiconfigurator times its experts only as FP8 blocks: a "
+                    "run that generated in FP8 is predicted with generation precision fp8; a BF16 run is not "
+                    "predicted, as FP8 timing would understate BF16 decode (its expert weights are twice the bytes)]")
         message = (f"aiconfigurator {AIC_VERSION} has no {precision} {engine} data for {model_id} on {system} at "
                    f"{shape.label}: {first_error}{hint}")
-        if use_cache:
-            _write_text(missing, message)
+        _write_atomic(missing, partial(Path.write_text, data=message))
         raise TunerError(message)
     if not (np.all(np.isfinite(dec)) and np.all(dec > 0) and np.all(np.isfinite(pre))):
         raise TunerError(f"aiconfigurator {AIC_VERSION} returned no latency for {model_id} on {system} {engine} at "
                          f"{shape.label}")
     table = LatencyTable(seqs, ctx, dec, pt, pre, shape.attention_dp,
                          f"aiconfigurator {AIC_VERSION} {system} {engine} {model_id} {precision} {shape.label}{source}")
-    if use_cache:
-        _write_cached(path, table)
+    _write_atomic(path, lambda tmp: np.savez(tmp, seqs=seqs, ctx=ctx, decode=dec, prefill_tokens=pt, prefill=pre,
+                                             attention_dp=table.attention_dp, source=table.source))
     return table
 
 
@@ -510,22 +450,13 @@ def _read_cached(path: Path) -> LatencyTable | None:
         return None
 
 
-def _write_text(path: Path, text: str) -> None:
+def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
+    """``write`` a temporary file next to ``path``, then move it there; a read-only home is skipped (asked again next
+    time)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")
+        write(tmp)
         tmp.replace(path)
     except OSError:
-        pass  # a read-only home: asked again next time
-
-
-def _write_cached(path: Path, t: LatencyTable) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, seqs=t.seqs, ctx=t.ctx, decode=t.decode, prefill_tokens=t.prefill_tokens, prefill=t.prefill,
-                 attention_dp=t.attention_dp, source=t.source)
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only home: the table is recomputed next time
+        pass

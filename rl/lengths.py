@@ -55,11 +55,6 @@ class LengthDistribution:
         """Longest length with non-zero probability (tokens)."""
         return int(self.lengths[self.probs > 0].max())
 
-    @property
-    def truncated_fraction(self) -> float:
-        """Probability of the longest length (the share of responses cut at the cap)."""
-        return float(self.probs[self.lengths == self.max].sum())
-
     def draw(self, n: int, *, seed: int = 0) -> npt.NDArray[np.int64]:
         """``n`` lengths at the quantiles ``(i + 0.5) / n``, shuffled with ``seed``.
 
@@ -122,20 +117,16 @@ class LengthDistribution:
         an optional ``count``; a JSON list of lengths or ``{"lengths": [...], "counts": [...]}``; or one length per
         line. Lengths above ``max_len`` are cut to it.
 
-        Raises TunerError: unreadable file, an unknown format, or a length that is not a positive integer (row named).
-        """
+        Raises TunerError: unreadable file, an unknown format, or a length that is not a positive integer."""
         p = Path(path)
         where = f"--response-lengths {str(p)!r}"
         text = read_user_text(p, where, "a table or list of response lengths")
-        lengths: list[float] = []
-        counts: list[float] = []
+        lengths: list[object] = []
+        counts: list[object] = []
         stripped = text.lstrip()
-        if stripped.startswith("[") or stripped.startswith("{"):
-            try:
-                with parse_errors(where, "a JSON list of response lengths"):
-                    data = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TunerError(f"{where}: not valid JSON ({e})") from None
+        if stripped.startswith(("[", "{")):
+            with parse_errors(where, "a JSON list of response lengths"):
+                data = json.loads(text)
             if isinstance(data, dict):
                 lengths = list(data.get("lengths", []))
                 counts = list(data.get("counts", [1] * len(lengths)))
@@ -149,23 +140,13 @@ class LengthDistribution:
             if lcol is None:
                 raise TunerError(f"{where}: the CSV header needs a length column (response_len, length or tokens); "
                                  f"found {', '.join(header)}")
-            for i, r in enumerate(rows, start=2):
+            for r in rows:
                 rr = {k.strip().lower(): (v or "").strip() for k, v in r.items()}
-                try:
-                    lengths.append(float(rr[lcol]))
-                    counts.append(float(rr.get("count") or 1))
-                except ValueError:
-                    raise TunerError(f"{where}: row {i}: {lcol}={rr[lcol]!r} / count={rr.get('count')!r} is not a "
-                                     "number") from None
+                lengths.append(rr[lcol])
+                counts.append(rr.get("count") or 1)
         else:
-            for i, line in enumerate(text.splitlines(), start=1):
-                if line.strip():
-                    try:
-                        lengths.append(float(line.strip()))
-                    except ValueError:
-                        raise TunerError(f"{where}: line {i}: {line.strip()!r} is not a length (one integer per "
-                                         "line)") from None
-                    counts.append(1.0)
+            lengths = [line.strip() for line in text.splitlines() if line.strip()]
+            counts = [1] * len(lengths)
         if not lengths or len(lengths) != len(counts):
             raise TunerError(f"{where}: no lengths found (a CSV response_len,count, a JSON list, or one length per "
                              "line)")
@@ -178,12 +159,7 @@ class LengthDistribution:
             raise TunerError(f"{where}: lengths and counts must be finite numbers (nan, inf or a nested list found)")
         if np.any(arr < 1) or np.any(arr != np.round(arr)) or np.any(cnt < 0) or cnt.sum() <= 0:
             raise TunerError(f"{where}: lengths must be positive integers and counts non-negative")
-        dist = cls._from_counts(arr.astype(np.int64), cnt, f"histogram {p.name} ({int(cnt.sum()):,} responses)")
+        uniq, inv = np.unique(arr.astype(np.int64), return_inverse=True)
+        w = np.bincount(inv, weights=cnt, minlength=len(uniq))
+        dist = cls(uniq.astype(np.int64), w / w.sum(), f"histogram {p.name} ({int(cnt.sum()):,} responses)")
         return dist.capped(max_len) if max_len is not None else dist
-
-    @classmethod
-    def _from_counts(cls, lengths: npt.NDArray[np.int64], counts: npt.NDArray[np.float64],
-                     source: str) -> LengthDistribution:
-        uniq, inv = np.unique(lengths, return_inverse=True)
-        w = np.bincount(inv, weights=counts, minlength=len(uniq))
-        return cls(uniq.astype(np.int64), w / w.sum(), source)

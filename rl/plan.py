@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from enum import Enum
+from functools import lru_cache, partial
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -26,10 +27,11 @@ from rl.engine import (
     EngineShape,
     GenerationPrecision,
     LatencyTable,
+    NamedEnum,
     aiconfigurator_latency_table,
     weight_bytes_per_param,
 )
-from rl.layouts import TrainerLayout
+from rl.layouts import EngineLayout, TrainerLayout
 from rl.lengths import LengthDistribution
 from rl.refit import refit_s, switch_s
 from rl.simulator import RolloutRun, simulate_rollout
@@ -39,33 +41,17 @@ from specs import GIB, Cluster, ModelSpec, Precision, Workload
 from specs.errors import TunerError
 
 __all__ = [
-    "MAX_ASYNC_STEPS",
-    "Framework",
-    "LatencyProvider",
-    "PlanChoice",
-    "PlanSet",
-    "RLJob",
-    "RLPlan",
-    "check_async_steps",
-    "default_latency",
-    "engine_shapes",
-    "engine_weight_bytes",
-    "enumerate_plans",
-    "evaluate",
-    "kv_capacity_tokens",
-    "kv_bytes_per_token",
-    "tokens_per_step",
+    "MAX_ASYNC_STEPS", "Framework", "LatencyProvider", "PlanChoice", "PlanSet", "RLJob", "RLPlan", "check_async_steps",
+    "default_latency", "engine_shapes", "enumerate_plans", "evaluate", "evaluate_layouts", "kv_capacity_tokens",
+    "layout_trainer", "splits", "trainer_cluster",
 ]
 
 
-class Framework(str, Enum):
+class Framework(NamedEnum):
     """The RL framework the plan is exported for."""
 
     nemo_rl = "nemo-rl"
     slime = "slime"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: ``(job, shape) -> LatencyTable``: where engine latencies come from (aiconfigurator by default; tests pass functions).
@@ -131,12 +117,10 @@ class RLJob:
         if self.responses.max > self.response_len:
             raise TunerError(f"the response lengths reach {self.responses.max:,} tokens, above --response-len "
                              f"{self.response_len:,}")
-        if self.train_global_batch_size < 0:
-            raise TunerError(f"--train-global-batch {self.train_global_batch_size}: must be 0 (all of a step) or a "
-                             f"divisor of prompts x generations = {self.sequences}")
-        if self.train_global_batch_size and self.sequences % self.train_global_batch_size:
-            raise TunerError(f"--train-global-batch {self.train_global_batch_size} must divide prompts x generations = "
-                             f"{self.sequences}")
+        tgb = self.train_global_batch_size
+        if tgb < 0 or (tgb and self.sequences % tgb):
+            raise TunerError(f"--train-global-batch {tgb}: must be 0 (all of a step) or a divisor of prompts x "
+                             f"generations = {self.sequences}")
         if self.logprob_passes not in (1, 2):
             raise TunerError(
                 f"--logprob-passes {self.logprob_passes}: accepted 1 (the policy's log-probs for the importance ratio) "
@@ -197,7 +181,6 @@ class RLPlan:
     parts: StepParts
     kv_capacity_tokens: int
     preemptions: int
-    mean_running: float
     notes: tuple[str, ...] = ()
 
     @property
@@ -220,26 +203,22 @@ class PlanSet:
     rejected: dict[str, int] = field(default_factory=dict)
     """Why candidates were set aside (reason -> count)."""
 
+    def _fastest_by(self, key: Callable[[PlanChoice], Any]) -> list[RLPlan]:
+        best: dict[Any, RLPlan] = {}
+        for p in self.plans:  # fastest first: the first of each key is its fastest
+            best.setdefault(key(p.choice), p)
+        return [best[k] for k in sorted(best)]
+
     def fastest_per_rollout_gpus(self) -> list[RLPlan]:
         """The fastest plan per rollout-GPU count (colocated plans at the full count, marked colocated).
 
         Not a Pareto front: a smaller count can be faster than every larger one (more rollout GPUs
         leave fewer to the trainer), and all its rows are kept."""
-        best: dict[tuple[bool, int], RLPlan] = {}
-        for p in self.plans:
-            k = (p.choice.colocated, p.choice.rollout_gpus)
-            if k not in best or p.step_time_s < best[k].step_time_s:
-                best[k] = p
-        return sorted(best.values(), key=lambda p: (p.choice.colocated, p.choice.rollout_gpus))
+        return self._fastest_by(lambda c: (c.colocated, c.rollout_gpus))
 
     def fastest_per_async_depth(self) -> list[RLPlan]:
         """The fastest plan per async depth K (every depth kept, as for :meth:`fastest_per_rollout_gpus`)."""
-        best: dict[int, RLPlan] = {}
-        for p in self.plans:
-            k = p.choice.async_steps
-            if k not in best or p.step_time_s < best[k].step_time_s:
-                best[k] = p
-        return [best[k] for k in sorted(best)]
+        return self._fastest_by(lambda c: c.async_steps)
 
 
 def check_async_steps(async_steps: int) -> None:
@@ -290,14 +269,8 @@ def kv_bytes_per_token(model: ModelSpec, shape: EngineShape) -> float:
     return per_layer * model.num_layers
 
 
-def kv_capacity_tokens(
-    model: ModelSpec,
-    cluster: Cluster,
-    shape: EngineShape,
-    gpu_memory_utilization: float,
-    enforce_eager: bool,
-    bytes_per_param: tuple[float, float] = (2.0, 2.0),
-) -> int:
+def kv_capacity_tokens(model: ModelSpec, cluster: Cluster, shape: EngineShape, gpu_memory_utilization: float,
+                       enforce_eager: bool, bytes_per_param: tuple[float, float] = (2.0, 2.0)) -> int:
     """Tokens the engine's KV cache holds: ``(utilization x HBM - weights - reserve) x GPUs / bytes per token``; 0 when
     the weights do not fit."""
     weights = engine_weight_bytes(model, shape, bytes_per_param)
@@ -332,29 +305,19 @@ def default_latency(job: RLJob, shape: EngineShape) -> LatencyTable:
 
 
 class _Generation:
-    """Memoised rollout simulations of one job (latency tables per shape, runs per configuration)."""
+    """Memoised rollout simulations of one job: latency tables per shape, request lengths per step count, runs per
+    configuration."""
 
     def __init__(self, job: RLJob, provider: LatencyProvider) -> None:
         self.job = job
-        self.provider = provider
-        self.tables: dict[EngineShape, LatencyTable] = {}
-        self.runs: dict[tuple[EngineShape, int, int, int, int], RolloutRun] = {}
-        self.requests: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+        self.table: Callable[[EngineShape], LatencyTable] = lru_cache(maxsize=None)(partial(provider, job))
+        self.requests = lru_cache(maxsize=None)(partial(_requests, job))
+        self.run = lru_cache(maxsize=None)(self._run)
 
-    def table(self, shape: EngineShape) -> LatencyTable:
-        if shape not in self.tables:
-            self.tables[shape] = self.provider(self.job, shape)
-        return self.tables[shape]
-
-    def run(self, shape: EngineShape, engines: int, kv: int, max_seqs: int, steps: int) -> RolloutRun:
-        key = (shape, engines, kv, max_seqs, steps)
-        if key not in self.runs:
-            if steps not in self.requests:
-                self.requests[steps] = _requests(self.job, steps)
-            p, r = self.requests[steps]
-            self.runs[key] = simulate_rollout(p, r, self.table(shape), num_engines=engines, kv_capacity_tokens=kv,
-                                              max_num_seqs=max_seqs, block_size=BLOCK_SIZE)
-        return self.runs[key]
+    def _run(self, shape: EngineShape, engines: int, kv: int, max_seqs: int, steps: int) -> RolloutRun:
+        p, r = self.requests(steps)
+        return simulate_rollout(p, r, self.table(shape), num_engines=engines, kv_capacity_tokens=kv,
+                                max_num_seqs=max_seqs, block_size=BLOCK_SIZE)
 
 
 # --------------------------------------------------------------------------- one plan
@@ -365,15 +328,9 @@ def _model_bytes(model: ModelSpec, bytes_per_param: tuple[float, float] = (2.0, 
     return bytes_per_param[0] * (model.total_params() - experts) + bytes_per_param[1] * experts
 
 
-def evaluate(
-    job: RLJob,
-    choice: PlanChoice,
-    *,
-    trainer: TrainerPlan,
-    calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
-    latency: LatencyProvider = default_latency,
-    _gen: _Generation | None = None,
-) -> RLPlan:
+def evaluate(job: RLJob, choice: PlanChoice, *, trainer: TrainerPlan,
+             calibration: RLCalibration = DEFAULT_RL_CALIBRATION, latency: LatencyProvider = default_latency,
+             _gen: _Generation | None = None) -> RLPlan:
     """Predict one plan's step time and parts; ``trainer`` is the layout on ``choice.trainer_gpus`` GPUs
     (:func:`~rl.trainer.best_trainer` or :func:`~rl.trainer.trainer_for_layout`), its times before calibration.
 
@@ -381,7 +338,7 @@ def evaluate(
     does not tile the rollout GPUs."""
     gen = _gen or _Generation(job, latency)
     shape = choice.shape
-    if choice.rollout_gpus % shape.gpus:
+    if choice.rollout_gpus % shape.gpus or choice.num_engines < 1:
         raise TunerError(f"{choice.rollout_gpus} rollout GPUs are not a whole number of {shape.gpus}-GPU engines "
                          f"({shape.label})")
     wbytes = weight_bytes_per_param(job.model.name, job.generation_precision)
@@ -397,40 +354,47 @@ def evaluate(
     run = gen.run(shape, choice.num_engines, kv, choice.max_num_seqs, steps)
     scale = calibration.generation_scale * (calibration.eager_slowdown if choice.enforce_eager else 1.0)
     generation = run.makespan_s * scale / steps
-    refit = refit_s(
-        # the trainer sends BF16 weights; an FP8 engine quantises them on arrival (NeMo-RL's FP8 generation)
-        model_bytes=_model_bytes(job.model),
-        colocated=choice.colocated,
-        engine_gpus=shape.gpus,
-        gpus_per_node=job.cluster.gpus_per_node,
-        inter_node_bytes_per_s=job.cluster.inter_node_bytes_per_s,
-        calibration=calibration,
-    )
-    switch = 0.0
-    if choice.colocated:
-        switch = switch_s(
-            trainer_bytes_per_gpu=trainer.optimizer_bytes + trainer.weights_bytes,
-            engine_bytes_per_gpu=engine_weight_bytes(job.model, shape, wbytes),
-            pcie_bytes_per_s=job.cluster.gpu.pcie_bytes_per_s,
-            calibration=calibration,
-        )
-    parts = compose_step(
-        generation_s=generation,
-        logprob_s=trainer.logprob_s * calibration.logprob_scale,
-        training_s=trainer.train_s * calibration.training_scale,
-        refit_s=refit,
-        switch_s=switch,
-        overhead_s=calibration.step_overhead_s,
-        colocated=choice.colocated,
-        async_steps=choice.async_steps,
-    )
+    # the trainer sends BF16 weights; an FP8 engine quantises them on arrival (NeMo-RL's FP8 generation)
+    refit = refit_s(model_bytes=_model_bytes(job.model), colocated=choice.colocated, engine_gpus=shape.gpus,
+                    gpus_per_node=job.cluster.gpus_per_node, inter_node_bytes_per_s=job.cluster.inter_node_bytes_per_s,
+                    calibration=calibration)
+    switch = 0.0 if not choice.colocated else switch_s(
+        trainer_bytes_per_gpu=trainer.optimizer_bytes + trainer.weights_bytes,
+        engine_bytes_per_gpu=engine_weight_bytes(job.model, shape, wbytes),
+        pcie_bytes_per_s=job.cluster.gpu.pcie_bytes_per_s, calibration=calibration)
+    parts = compose_step(generation_s=generation, logprob_s=trainer.logprob_s * calibration.logprob_scale,
+                         training_s=trainer.train_s * calibration.training_scale, refit_s=refit, switch_s=switch,
+                         overhead_s=calibration.step_overhead_s, colocated=choice.colocated,
+                         async_steps=choice.async_steps)
     notes = []
     if run.preemptions:
         notes.append(f"{run.preemptions} preemptions (KV cache full)")
     if not trainer.in_validated_scope:
         notes.append(trainer.note)
     return RLPlan(choice=choice, trainer=trainer, parts=parts, kv_capacity_tokens=kv, preemptions=run.preemptions,
-                  mean_running=run.mean_running, notes=tuple(notes))
+                  notes=tuple(notes))
+
+
+#: vLLM V1's ``max_num_seqs`` default on GPUs with >= 70 GiB (``vllm/engine/arg_utils.py``,
+#: ``_set_default_args``); NeMo-RL's performance recipes leave it unset.
+DEFAULT_MAX_NUM_SEQS = 1024
+
+
+def evaluate_layouts(job: RLJob, engines: EngineLayout, trainer: TrainerLayout, *, colocated: bool, rollout_gpus: int,
+                     trainer_gpus: int, async_steps: int, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
+                     latency: LatencyProvider = default_latency) -> RLPlan:
+    """:func:`evaluate` a run of given layouts (a measured one); engine settings it leaves out take NeMo-RL's defaults
+    (``gpu_memory_utilization`` 0.6 colocated, 0.8 split; :data:`DEFAULT_MAX_NUM_SEQS`; CUDA graphs).
+
+    Raises TunerError: as :func:`layout_trainer` and :func:`evaluate`."""
+    tr = layout_trainer(job, trainer_gpus, trainer)
+    choice = PlanChoice(
+        colocated=colocated, rollout_gpus=rollout_gpus, trainer_gpus=trainer_gpus, shape=engines.shape,
+        gpu_memory_utilization=engines.gpu_memory_utilization or (0.6 if colocated else 0.8),
+        max_num_seqs=engines.max_num_seqs or DEFAULT_MAX_NUM_SEQS, enforce_eager=bool(engines.enforce_eager),
+        async_steps=async_steps, trainer_backend=trainer.backend, engine=engines.engine,
+    )
+    return evaluate(job, choice, trainer=tr, calibration=calibration, latency=latency)
 
 
 # --------------------------------------------------------------------------- enumeration
@@ -469,22 +433,14 @@ def engine_shapes(job: RLJob, rollout_gpus: int, *, tp: Iterable[int] | None = N
     return out
 
 
-def enumerate_plans(
-    job: RLJob,
-    *,
-    calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
-    latency: LatencyProvider = default_latency,
-    backends: Iterable[TrainerBackend] = (TrainerBackend.megatron,),
-    async_steps: int = 0,
-    colocated: bool | None = None,
-    rollout_gpus: Iterable[int] | None = None,
-    engine_tp: Iterable[int] | None = None,
-    engine_ep: Iterable[int] | None = None,
-    gpu_memory_utilization: Iterable[float] | None = None,
-    max_num_seqs: Iterable[int] = (256, 1024),
-    enforce_eager: Iterable[bool] = (False, True),
-    trainer_layout: TrainerLayout | None = None,
-) -> PlanSet:
+def enumerate_plans(job: RLJob, *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
+                    latency: LatencyProvider = default_latency,
+                    backends: Iterable[TrainerBackend] = (TrainerBackend.megatron,), async_steps: int = 0,
+                    colocated: bool | None = None, rollout_gpus: Iterable[int] | None = None,
+                    engine_tp: Iterable[int] | None = None, engine_ep: Iterable[int] | None = None,
+                    gpu_memory_utilization: Iterable[float] | None = None, max_num_seqs: Iterable[int] = (256, 1024),
+                    enforce_eager: Iterable[bool] = (False, True),
+                    trainer_layout: TrainerLayout | None = None) -> PlanSet:
     """Every plan that fits, ranked by predicted step time. Splits are whole nodes on both sides; ``async_steps`` = K
     evaluates every split at each depth 0..K; constraints narrow the search (None = all); ``trainer_layout`` fixes the
     trainer's layout (and backend) instead of searching it.
@@ -496,7 +452,6 @@ def enumerate_plans(
     cl = job.cluster
     gen = _Generation(job, latency)
     trainers: dict[tuple[int, TrainerBackend], TrainerPlan | None] = {}
-    splits = _splits(cl, colocated, rollout_gpus)
     rejected: dict[str, int] = {}
     example: dict[str, str] = {}  # reason -> the first full message it stands for
     considered = 0
@@ -504,7 +459,7 @@ def enumerate_plans(
     utils_default = {True: (0.6, 0.8), False: (0.8, 0.9)}
     if trainer_layout is not None:
         backends = (trainer_layout.backend,)
-    for is_coloc, r_gpus in splits:
+    for is_coloc, r_gpus in splits(cl, colocated, rollout_gpus):
         t_gpus = cl.num_gpus if is_coloc else cl.num_gpus - r_gpus
         for backend in backends:
             trainer = _trainer_on(job, t_gpus, backend, trainer_layout, trainers)
@@ -519,17 +474,9 @@ def enumerate_plans(
                             for k in range(0, 1 if is_coloc else async_steps + 1):
                                 considered += 1
                                 choice = PlanChoice(
-                                    colocated=is_coloc,
-                                    rollout_gpus=r_gpus,
-                                    trainer_gpus=t_gpus,
-                                    shape=shape,
-                                    gpu_memory_utilization=util,
-                                    max_num_seqs=seqs,
-                                    enforce_eager=eager,
-                                    async_steps=k,
-                                    trainer_backend=backend,
-                                    engine=job.engine,
-                                )
+                                    colocated=is_coloc, rollout_gpus=r_gpus, trainer_gpus=t_gpus, shape=shape,
+                                    gpu_memory_utilization=util, max_num_seqs=seqs, enforce_eager=eager, async_steps=k,
+                                    trainer_backend=backend, engine=job.engine)
                                 try:
                                     plans.append(evaluate(job, choice, trainer=trainer, calibration=calibration,
                                                           latency=latency, _gen=gen))
@@ -548,59 +495,59 @@ def enumerate_plans(
     return PlanSet(plans=plans, considered=considered, rejected=rejected)
 
 
+def trainer_cluster(cl: Cluster, n: int) -> Cluster:
+    """``n`` GPUs of ``cl``: the trainer's side of a split."""
+    return Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(cl.gpus_per_node, n),
+                   inter_node_bytes_per_s=cl.inter_node_bytes_per_s, usd_per_gpu_hour=cl.usd_per_gpu_hour)
+
+
+def layout_trainer(job: RLJob, n: int, t: TrainerLayout) -> TrainerPlan:
+    """The trainer layout ``t`` on ``n`` GPUs of the job's cluster.
+
+    Raises TunerError: a layout that breaks a Megatron rule (the rule named)."""
+    return trainer_for_layout(job.model, trainer_cluster(job.cluster, n), job.workload, t.backend, tp=t.tp, cp=t.cp,
+                              ep=t.ep, pp=t.pp, vpp=t.vpp, optimizer_steps=job.optimizer_steps,
+                              logprob_passes=job.logprob_passes)
+
+
 def _trainer_on(job: RLJob, n: int, backend: TrainerBackend, trainer_layout: TrainerLayout | None,
                 cache: dict[tuple[int, TrainerBackend], TrainerPlan | None]) -> TrainerPlan | None:
     """The trainer's plan on ``n`` GPUs of the job's cluster: ``trainer_layout`` when given (None when it does not
     fit), else the best layout of ``backend`` (None when none fits); kept in ``cache`` by ``(n, backend)``."""
     key = (n, backend)
-    if key in cache:
-        return cache[key]
-    cl = job.cluster
-    sub = Cluster(gpu=cl.gpu, num_gpus=n, gpus_per_node=min(cl.gpus_per_node, n),
-                  inter_node_bytes_per_s=cl.inter_node_bytes_per_s,
-                  usd_per_gpu_hour=cl.usd_per_gpu_hour)
-    plan: TrainerPlan | None
-    if trainer_layout is not None:
-        t = trainer_layout
-        try:
-            plan = trainer_for_layout(
-                job.model, sub, job.workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp,
-                optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes,
-            )
-        except TunerError:
-            plan = None
-    else:
-        best = best_trainer(job.model, sub, job.workload, backend, optimizer_steps=job.optimizer_steps,
-                            logprob_passes=job.logprob_passes, top=1)
-        plan = best[0] if best else None
-    cache[key] = plan
-    return plan
+    if key not in cache:
+        if trainer_layout is None:
+            cache[key] = best_trainer(job.model, trainer_cluster(job.cluster, n), job.workload, backend,
+                                      optimizer_steps=job.optimizer_steps, logprob_passes=job.logprob_passes)
+        else:
+            try:
+                cache[key] = layout_trainer(job, n, trainer_layout)
+            except TunerError:
+                cache[key] = None
+    return cache[key]
 
 
-def _splits(cl: Cluster, colocated: bool | None, rollout_gpus: Iterable[int] | None) -> list[tuple[bool, int]]:
+def splits(cl: Cluster, colocated: bool | None, rollout_gpus: Iterable[int] | None) -> list[tuple[bool, int]]:
     """The ``(colocated, rollout GPUs)`` splits to try: all GPUs colocated, and every whole-node split (or those of
     ``rollout_gpus``) that leaves the trainer a node.
 
     Raises TunerError: rollout GPUs that are not whole nodes or leave no trainer GPU; non-colocated on one node."""
-    nodes, per = cl.num_nodes, cl.gpus_per_node
-    splits: list[tuple[bool, int]] = []
-    if colocated in (None, True):
-        splits.append((True, cl.num_gpus))
-    if colocated in (None, False) and nodes > 1:
-        wanted = None if rollout_gpus is None else set(rollout_gpus)
-        if wanted is not None:
-            for g in wanted:
-                if g >= cl.num_gpus:
-                    raise TunerError(f"--rollout-gpus {g} leaves no GPU of the {cl.num_gpus} for the trainer; at most "
-                                     f"{cl.num_gpus - per}")
-                if g % per:
-                    raise TunerError(f"--rollout-gpus {g} is not a whole number of {per}-GPU nodes")
-        for r in range(1, nodes):
-            if wanted is None or r * per in wanted:
-                splits.append((False, r * per))
-    elif colocated is False and nodes == 1:
-        raise TunerError(f"a non-colocated plan needs at least two nodes; --gpus {cl.label} has one")
-    return splits
+    n, per = cl.num_gpus, cl.gpus_per_node
+    if colocated is False and cl.num_nodes == 1:
+        raise TunerError(f"--no-colocated: a split needs at least two nodes; --gpus {cl.label} has one (use "
+                         "--colocated)")
+    wanted = None if rollout_gpus is None else set(rollout_gpus)
+    for g in sorted(wanted or ()):
+        if g >= n or g < 1 or g % per:
+            why = (f"{cl.label} has {n} GPUs and the trainer needs at least one node" if g >= n
+                   else "rollout GPUs are whole nodes")
+            accepted = (f"a multiple of {per} from {per} to {n - per}" if cl.num_nodes > 1
+                        else "none: a split needs at least two nodes (use --colocated)")
+            raise TunerError(f"--rollout-gpus {g}: {why}; accepted: {accepted}")
+    out = [(True, n)] if colocated in (None, True) else []
+    if colocated in (None, False):
+        out += [(False, r) for r in range(per, n, per) if wanted is None or r in wanted]
+    return out
 
 
 def _count(k: str, v: int, example: dict[str, str]) -> str:
@@ -620,9 +567,4 @@ def _reason(message: str) -> str:
 
 
 _NO_DATA = "aiconfigurator has no data for the engine shape"
-
-
-def tokens_per_step(job: RLJob) -> float:
-    """Mean tokens (prompt + response) generated and trained per step."""
-    return job.sequences * (job.mean_prompt_len + job.responses.mean)
 

@@ -11,15 +11,8 @@ from rl.calibration import RLCalibration
 __all__ = ["refit_s", "switch_s"]
 
 
-def refit_s(
-    *,
-    model_bytes: float,
-    colocated: bool,
-    engine_gpus: int,
-    gpus_per_node: int,
-    inter_node_bytes_per_s: float,
-    calibration: RLCalibration,
-) -> float:
+def refit_s(*, model_bytes: float, colocated: bool, engine_gpus: int, gpus_per_node: int,
+            inter_node_bytes_per_s: float, calibration: RLCalibration) -> float:
     """Seconds to refit the engines with new weights (``model_bytes``; ``engine_gpus`` = tp x pp x attention-dp).
 
     Colocated: ``fixed + model_bytes / refit_ipc_bytes_per_s``. Not colocated: ``fixed + max(model_bytes /

@@ -33,16 +33,12 @@ class EngineRun:
 
     makespan_s: float
     """From the first admission to the last completion."""
-    decode_s: float
     prefill_s: float
     iterations: int
     """Decode iterations run."""
     preemptions: int
-    requests: int
     generated_tokens: int
     peak_running: int
-    mean_running: float
-    """Running sequences averaged over decode iterations."""
     mean_tpot_s: float = 0.0
     """Time per output token after the first, averaged over requests of 2 tokens or more, as
     ``vllm bench serve`` reports TPOT: ``(finish - first token) / (tokens - 1)``. A request's first
@@ -64,24 +60,10 @@ class RolloutRun:
     def preemptions(self) -> int:
         return sum(e.preemptions for e in self.engines)
 
-    @property
-    def mean_running(self) -> float:
-        return float(np.mean([e.mean_running for e in self.engines])) if self.engines else 0.0
-
-    @property
-    def peak_running(self) -> int:
-        return max((e.peak_running for e in self.engines), default=0)
 
 
-def simulate_engine(
-    prompt_lens: _INT,
-    response_lens: _INT,
-    latency: LatencyTable,
-    *,
-    kv_capacity_tokens: int,
-    max_num_seqs: int,
-    block_size: int = 16,
-) -> EngineRun:
+def simulate_engine(prompt_lens: _INT, response_lens: _INT, latency: LatencyTable, *, kv_capacity_tokens: int,
+                    max_num_seqs: int, block_size: int = 16) -> EngineRun:
     """Simulate one engine serving every request (``prompt_lens``, ``response_lens`` >= 1, shape ``(r,)``, queued at
     time 0) with ``kv_capacity_tokens`` of KV cache over its GPUs and at most ``max_num_seqs`` running; one
     ``block_size`` block per running sequence is kept as headroom. Returns the makespan and its parts.
@@ -91,10 +73,7 @@ def simulate_engine(
     resp = np.asarray(response_lens, dtype=np.int64)
     r = len(prompt)
     if r == 0:
-        return EngineRun(makespan_s=0.0, decode_s=0.0, prefill_s=0.0, iterations=0, preemptions=0, requests=0,
-                         generated_tokens=0, peak_running=0, mean_running=0.0)
-    if np.any(resp < 1):
-        raise TunerError("every request generates at least one token")
+        return EngineRun(makespan_s=0.0, prefill_s=0.0, iterations=0, preemptions=0, generated_tokens=0, peak_running=0)
     longest = int((prompt + resp).max())
     if longest + 2 * block_size > kv_capacity_tokens:
         raise TunerError(
@@ -107,16 +86,8 @@ def simulate_engine(
     decode = (np.asarray(e.finish_t)[multi] - np.asarray(e.first_t)[multi]) / (resp[multi] - 1)
     tpot = float(np.mean(decode)) if np.any(multi) else 0.0
     return EngineRun(
-        makespan_s=e.t,
-        decode_s=e.decode_t,
-        prefill_s=e.prefill_t,
-        iterations=e.it,
-        preemptions=e.preemptions,
-        requests=r,
-        generated_tokens=int(resp.sum()),
-        peak_running=e.peak,
-        mean_running=e.running_iters / e.it if e.it else 0.0,
-        mean_tpot_s=tpot,
+        makespan_s=e.t, prefill_s=e.prefill_t, iterations=e.it, preemptions=e.preemptions,
+        generated_tokens=int(resp.sum()), peak_running=e.peak, mean_tpot_s=tpot,
     )
 
 
@@ -139,8 +110,8 @@ class _Engine:
         self.first_t = [math.nan] * r  # time of each request's first token
         self.finish_t = [math.nan] * r
         self.awaiting_first: list[int] = []  # admitted since the last decode segment
-        self.it = self.used = self.n = self.counter = self.preemptions = self.peak = self.running_iters = 0
-        self.t = self.decode_t = self.prefill_t = 0.0
+        self.it = self.used = self.n = self.counter = self.preemptions = self.peak = 0
+        self.t = self.prefill_t = 0.0
 
     def run(self) -> None:
         """Admit, prefill and decode until every request has finished."""
@@ -153,9 +124,7 @@ class _Engine:
                 self.t += dt
                 self.prefill_t += dt
             self.peak = max(self.peak, self.n)
-            if self.n == 0:
-                if self.waiting:  # unreachable given simulate_engine's check; kept as an invariant
-                    raise AssertionError("simulator: nothing runs but requests wait")
+            if self.n == 0:  # nothing waits either: simulate_engine refuses a request the cache cannot hold
                 return
             if self.used + self.n * (1 + self.block_size) > self.cap:
                 self._preempt()
@@ -212,10 +181,8 @@ class _Engine:
                 self.first_t[i] = self.t + dt / k
         self.awaiting_first.clear()
         self.t += dt
-        self.decode_t += dt
         self.it += k
         self.used += n * k
-        self.running_iters += n * k
         while finish and finish[0][0] <= self.it:
             _, i, v = heapq.heappop(finish)
             if running[i] and version[i] == v:
@@ -225,32 +192,15 @@ class _Engine:
                 self.finish_t[i] = self.t
 
 
-def simulate_rollout(
-    prompt_lens: _INT,
-    response_lens: _INT,
-    latency: LatencyTable,
-    *,
-    num_engines: int,
-    kv_capacity_tokens: int,
-    max_num_seqs: int,
-    block_size: int = 16,
-) -> RolloutRun:
+def simulate_rollout(prompt_lens: _INT, response_lens: _INT, latency: LatencyTable, *, num_engines: int,
+                     kv_capacity_tokens: int, max_num_seqs: int, block_size: int = 16) -> RolloutRun:
     """Split the requests over ``num_engines`` engines in contiguous shards, as NeMo-RL's synchronous generation does
     (``vllm_generation.py`` ``shard_by_batch_size``: a prompt's generations stay together), and simulate each.
 
-    Raises TunerError: ``num_engines < 1``, or a request that fits no engine's KV cache."""
-    if num_engines < 1:
-        raise TunerError(f"the rollout needs at least one engine, got {num_engines}")
+    Raises TunerError: a request that fits no engine's KV cache."""
     idx = np.array_split(np.arange(len(prompt_lens)), num_engines)
-    runs = tuple(
-        simulate_engine(
-            np.asarray(prompt_lens)[s],
-            np.asarray(response_lens)[s],
-            latency,
-            kv_capacity_tokens=kv_capacity_tokens,
-            max_num_seqs=max_num_seqs,
-            block_size=block_size,
-        )
+    return RolloutRun(engines=tuple(
+        simulate_engine(np.asarray(prompt_lens)[s], np.asarray(response_lens)[s], latency,
+                        kv_capacity_tokens=kv_capacity_tokens, max_num_seqs=max_num_seqs, block_size=block_size)
         for s in idx
-    )
-    return RolloutRun(engines=runs)
+    ))

@@ -55,37 +55,15 @@ class StepParts:
         return "generation" if self.generation_s >= self.logprob_s + self.training_s else "training"
 
 
-def compose_step(
-    *,
-    generation_s: float,
-    logprob_s: float,
-    training_s: float,
-    refit_s: float,
-    switch_s: float,
-    overhead_s: float,
-    colocated: bool,
-    async_steps: int,
-) -> StepParts:
-    """Build :class:`StepParts`.
+def compose_step(*, generation_s: float, logprob_s: float, training_s: float, refit_s: float, switch_s: float,
+                 overhead_s: float, colocated: bool, async_steps: int) -> StepParts:
+    """Build :class:`StepParts` (``switch_s`` counts only when colocated).
 
     Raises TunerError: a colocated plan with asynchrony (the same GPUs cannot generate and train at once; NeMo-RL's
-    async GRPO requires ``colocated.enabled: false``), or a negative part.
-    """
+    async GRPO requires ``colocated.enabled: false``)."""
     if colocated and async_steps:
         raise TunerError(f"--async-steps {async_steps} needs non-colocated generation (NeMo-RL and slime run async "
                          "GRPO on separate GPUs)")
-    if async_steps < 0:
-        raise TunerError(f"--async-steps must be 0 or more, got {async_steps}")
-    parts = (generation_s, logprob_s, training_s, refit_s, switch_s, overhead_s)
-    if any(p < 0 for p in parts):
-        raise TunerError(f"step parts must be non-negative, got {parts}")
-    return StepParts(
-        generation_s=generation_s,
-        logprob_s=logprob_s,
-        training_s=training_s,
-        refit_s=refit_s,
-        switch_s=switch_s if colocated else 0.0,
-        overhead_s=overhead_s,
-        colocated=colocated,
-        async_steps=async_steps,
-    )
+    return StepParts(generation_s=generation_s, logprob_s=logprob_s, training_s=training_s, refit_s=refit_s,
+                     switch_s=switch_s if colocated else 0.0, overhead_s=overhead_s, colocated=colocated,
+                     async_steps=async_steps)

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from cost_model.calibration import DEFAULT_CALIBRATION, Calibration
+from cost_model.calibration import DEFAULT_CALIBRATION
 from cost_model.estimate import estimate_table
+from rl.engine import NamedEnum
 from search_spaces.rules import check_layout, check_table
 from search_spaces.space import SearchSpace, enumerate_layouts
 from specs import (
@@ -43,25 +43,16 @@ from specs.errors import TunerError
 from specs.units import DEFAULT_MEMORY_HEADROOM
 
 __all__ = [
-    "AUTOMODEL_RL_SPACE",
-    "AUTOMODEL_VALIDATED",
-    "MEGATRON_RL_SPACE",
-    "TrainerBackend",
-    "TrainerPlan",
-    "best_trainer",
-    "rl_workload",
-    "trainer_for_layout",
+    "AUTOMODEL_RL_SPACE", "AUTOMODEL_VALIDATED", "MEGATRON_RL_SPACE", "TrainerBackend", "TrainerPlan", "best_trainer",
+    "rl_workload", "trainer_for_layout",
 ]
 
 
-class TrainerBackend(str, Enum):
+class TrainerBackend(NamedEnum):
     """The training stack."""
 
     megatron = "megatron"
     automodel = "automodel"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 #: The Megatron search space for RL trainers: NeMo-RL's performance recipes use full
@@ -87,15 +78,12 @@ MEGATRON_RL_SPACE: dict[str, Any] = {
 #: The AutoModel / DTensor space: FSDP2 with CP and EP only (tp = pp = 1), full activation
 #: checkpointing, HybridEP, BF16 moments (the seed's recipe).
 AUTOMODEL_RL_SPACE: dict[str, Any] = {
+    **MEGATRON_RL_SPACE,
     "tp": [1],
     "pp": [1],
-    "vpp": [1],
     "cp": [1, 2, 4, 8],
     "ep": [1, 2, 4, 8, 16, 32, 64, 128, 256],
-    "etp": [1],
-    "micro_batch_size": [1],
     "recompute": [{"granularity": "full", "method": "uniform", "num_layers": 1}],
-    "optimizer_offload_fraction": [0.0],
     "dispatcher": ["flex+hybridep"],
     "pipeline_split": {"even": True, "max_stage_deficit": 0},
     "exp_avg_dtype": ["bf16"],
@@ -157,143 +145,71 @@ def rl_workload(*, sequences: int, mean_total_len: float, max_total_len: int,
                     dataset="RL rollouts (mean prompt + response)", precision=precision)
 
 
-def _space(backend: TrainerBackend) -> SearchSpace:
-    return _space_cached(backend.value)
-
-
 @lru_cache(maxsize=4)
-def _space_cached(backend: str) -> SearchSpace:
-    d = AUTOMODEL_RL_SPACE if backend == TrainerBackend.automodel.value else MEGATRON_RL_SPACE
+def _space(backend: TrainerBackend) -> SearchSpace:
+    d = AUTOMODEL_RL_SPACE if backend == TrainerBackend.automodel else MEGATRON_RL_SPACE
     return SearchSpace.from_dict(d, source=f"the {backend} RL trainer space")
 
 
-def _logprob_s(t: dict[str, np.ndarray], passes: int, cal_factor: float) -> np.ndarray:
+def _logprob_s(t: dict[str, np.ndarray], passes: int) -> np.ndarray:
     fwd = (t["compute"] - t["recompute"] + t["tp_comm"] + t["cp_comm"] + t["ep_comm"]) / 3.0 + t["pp_bubble"] / 3.0
-    return np.asarray(passes * fwd * cal_factor, dtype=float)
+    return np.asarray(passes * fwd, dtype=float)
 
 
-def _plans(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    table: LayoutTable,
-    backend: TrainerBackend,
-    *,
-    optimizer_steps: int,
-    logprob_passes: int,
-    calibration: Calibration,
-    train_scale: float,
-    logprob_scale: float,
-    memory_headroom: float,
-) -> list[TrainerPlan]:
+def _plans(model: ModelSpec, cluster: Cluster, workload: Workload, table: LayoutTable, backend: TrainerBackend, *,
+           optimizer_steps: int, logprob_passes: int, memory_headroom: float) -> list[TrainerPlan]:
     opts = _AUTOMODEL_OPTIONS if backend == TrainerBackend.automodel else RunOptions()
-    est = estimate_table(model, cluster, workload, table, calibration=calibration, memory_headroom=memory_headroom,
-                         options=opts)
-    lp = _logprob_s(est.time, logprob_passes, logprob_scale)
+    est = estimate_table(model, cluster, workload, table, calibration=DEFAULT_CALIBRATION,
+                         memory_headroom=memory_headroom, options=opts)
+    lp = _logprob_s(est.time, logprob_passes)
     validated = AUTOMODEL_VALIDATED.get(model.name, ())
     out = []
     for i in range(len(table)):
         lay = table.row(i)
         scope = backend != TrainerBackend.automodel or not validated or (lay.cp, lay.ep) in validated
-        out.append(
-            TrainerPlan(
-                backend=backend,
-                layout=lay,
-                gpus=cluster.num_gpus,
-                train_s=float(est.step_time_s[i]) * optimizer_steps * train_scale,
-                logprob_s=float(lp[i]) * optimizer_steps,
-                logprob_passes=logprob_passes,
-                peak_bytes=float(est.peak_bytes[i]),
-                usable_bytes=est.usable_bytes,
-                optimizer_bytes=float(est.memory["optimizer"][i]),
-                weights_bytes=float(est.memory["weights"][i]),
-                in_validated_scope=scope,
-                note="" if scope else ("outside AutoModel's validated scope (run with "
-                                       + ", ".join(f"CP {c} x EP {e}" for c, e in validated)
-                                       + ": other CP/EP pairs are not known to run)"),
-            )
-        )
+        out.append(TrainerPlan(
+            backend=backend, layout=lay, gpus=cluster.num_gpus, train_s=float(est.step_time_s[i]) * optimizer_steps,
+            logprob_s=float(lp[i]) * optimizer_steps, logprob_passes=logprob_passes,
+            peak_bytes=float(est.peak_bytes[i]), usable_bytes=est.usable_bytes,
+            optimizer_bytes=float(est.memory["optimizer"][i]), weights_bytes=float(est.memory["weights"][i]),
+            in_validated_scope=scope,
+            note="" if scope else ("outside AutoModel's validated scope (run with "
+                                   + ", ".join(f"CP {c} x EP {e}" for c, e in validated)
+                                   + ": other CP/EP pairs are not known to run)"),
+        ))
     return out
 
 
-def best_trainer(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    backend: TrainerBackend,
-    *,
-    optimizer_steps: int = 1,
-    logprob_passes: int = 2,
-    calibration: Calibration = DEFAULT_CALIBRATION,
-    train_scale: float = 1.0,
-    logprob_scale: float = 1.0,
-    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
-    top: int = 1,
-) -> list[TrainerPlan]:
-    """Up to ``top`` trainer layouts on ``cluster`` that fit the RL workload, fastest (training + log-prob) first; empty
-    when none fits. A layout outside the backend's validated scope comes first only when it is faster than every
-    validated one.
+def best_trainer(model: ModelSpec, cluster: Cluster, workload: Workload, backend: TrainerBackend, *,
+                 optimizer_steps: int = 1, logprob_passes: int = 2) -> TrainerPlan | None:
+    """The fastest (training + log-prob) trainer layout on ``cluster`` that fits the RL workload; None when none fits. A
+    layout outside the backend's validated scope wins only when it is faster than every validated one.
 
     Raises TunerError: from the enumeration (a cluster size it cannot use)."""
     enum = enumerate_layouts(_space(backend), model, cluster.num_gpus, workload)
     if len(enum.valid) == 0:
-        return []
-    plans = _plans(
-        model,
-        cluster,
-        workload,
-        enum.valid,
-        backend,
-        optimizer_steps=optimizer_steps,
-        logprob_passes=logprob_passes,
-        calibration=calibration,
-        train_scale=train_scale,
-        logprob_scale=logprob_scale,
-        memory_headroom=memory_headroom,
-    )
+        return None
+    plans = _plans(model, cluster, workload, enum.valid, backend, optimizer_steps=optimizer_steps,
+                   logprob_passes=logprob_passes, memory_headroom=DEFAULT_MEMORY_HEADROOM)
     fits = [p for p in plans if p.peak_bytes <= p.usable_bytes]
-    fits.sort(key=lambda p: (p.train_s + p.logprob_s, not p.in_validated_scope))
-    return fits[:top]
+    return min(fits, key=lambda p: (p.train_s + p.logprob_s, not p.in_validated_scope), default=None)
 
 
-def trainer_for_layout(
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    backend: TrainerBackend,
-    *,
-    tp: int = 1,
-    cp: int = 1,
-    ep: int = 1,
-    pp: int = 1,
-    vpp: int = 1,
-    optimizer_steps: int = 1,
-    logprob_passes: int = 2,
-    calibration: Calibration = DEFAULT_CALIBRATION,
-    train_scale: float = 1.0,
-    logprob_scale: float = 1.0,
-    recompute: bool = True,
-) -> TrainerPlan:
+def trainer_for_layout(model: ModelSpec, cluster: Cluster, workload: Workload, backend: TrainerBackend, *, tp: int = 1,
+                       cp: int = 1, ep: int = 1, pp: int = 1, vpp: int = 1, optimizer_steps: int = 1,
+                       logprob_passes: int = 2) -> TrainerPlan:
     """Predict one given trainer layout (a published run's, or the user's).
 
     Uneven first / last pipeline stages are tried when the even split breaks a rule
     (Qwen3-235B's 94 layers on pp 8 run as 11 + 6 x 12 + 11 in NeMo-RL's recipe).
 
     Raises TunerError: a layout that breaks a Megatron rule (the rule named)."""
+    auto = backend == TrainerBackend.automodel
     base = Layout(
-        world_size=cluster.num_gpus,
-        tp=tp,
-        pp=pp,
-        vpp=vpp,
-        cp=cp,
-        ep=ep,
-        sequence_parallel=tp > 1,
-        recompute_granularity=RecomputeGranularity.full if recompute else RecomputeGranularity.none,
-        recompute_method=RecomputeMethod.uniform if recompute else RecomputeMethod.none,
-        recompute_num_layers=1 if recompute else 0,
-        dispatcher=Dispatcher.flex_hybridep if backend == TrainerBackend.automodel else Dispatcher.alltoall,
-        exp_avg_dtype="bf16" if backend == TrainerBackend.automodel else "fp32",
-        exp_avg_sq_dtype="bf16" if backend == TrainerBackend.automodel else "fp32",
+        world_size=cluster.num_gpus, tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, sequence_parallel=tp > 1,
+        recompute_granularity=RecomputeGranularity.full, recompute_method=RecomputeMethod.uniform,
+        recompute_num_layers=1, dispatcher=Dispatcher.flex_hybridep if auto else Dispatcher.alltoall,
+        exp_avg_dtype="bf16" if auto else "fp32", exp_avg_sq_dtype="bf16" if auto else "fp32",
     )
     candidates = [base]
     if pp > 1 and model.num_layers % pp:
@@ -303,8 +219,8 @@ def trainer_for_layout(
             first = rest // 2 - d
             last = rest - first
             if first >= 1 and last >= 1:
-                candidates.append(_with(base, num_layers_in_first_pipeline_stage=first,
-                                        num_layers_in_last_pipeline_stage=last))
+                candidates.append(Layout.from_dict({**base.to_dict(), "num_layers_in_first_pipeline_stage": first,
+                                                    "num_layers_in_last_pipeline_stage": last}))
     table = LayoutTable.from_layouts(candidates)
     ok, _ = check_table(table, model, workload)
     good = np.flatnonzero(ok)
@@ -312,23 +228,7 @@ def trainer_for_layout(
         broken = "; ".join(f"{rid}: {why}" for rid, why in check_layout(base, model, workload))
         raise TunerError(f"trainer layout {_label(backend, base)} on {cluster.num_gpus} GPUs breaks a Megatron rule "
                          f"({broken})")
-    plans = _plans(
-        model,
-        cluster,
-        workload,
-        table.select(good),
-        backend,
-        optimizer_steps=optimizer_steps,
-        logprob_passes=logprob_passes,
-        calibration=calibration,
-        train_scale=train_scale,
-        logprob_scale=logprob_scale,
-        memory_headroom=0.0,
-    )
+    plans = _plans(model, cluster, workload, table.select(good), backend, optimizer_steps=optimizer_steps,
+                   logprob_passes=logprob_passes, memory_headroom=0.0)
     return min(plans, key=lambda p: p.train_s)
 
-
-def _with(lay: Layout, **changes: Any) -> Layout:
-    d = lay.to_dict()
-    d.update(changes)
-    return Layout.from_dict(d)

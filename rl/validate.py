@@ -23,32 +23,14 @@ from rl.calibration import DEFAULT_RL_CALIBRATION, RLCalibration
 from rl.engine import GenerationPrecision
 from rl.layouts import EngineLayout, TrainerLayout, parse_engine_layout, parse_trainer_layout
 from rl.lengths import LengthDistribution
-from rl.plan import Framework, LatencyProvider, PlanChoice, RLJob, RLPlan, default_latency, evaluate
-from rl.trainer import trainer_for_layout
+from rl.plan import Framework, LatencyProvider, RLJob, RLPlan, default_latency, evaluate_layouts
 from specs import DEFAULT_INTER_NODE_BYTES_PER_S, Cluster, Precision, load_gpu, load_model
 from specs.errors import TunerError
 from specs.table import Column, read_table
 
 __all__ = [
-    "ASSUMED_MEAN_PROMPT_LEN",
-    "COLUMNS",
-    "OPTIONAL_COLUMNS",
-    "DEFAULT_MAX_NUM_SEQS",
-    "EngineLayout",
-    "RowResult",
-    "RunRow",
-    "TrainerLayout",
-    "fit_calibration",
-    "fit_calibrations",
-    "parse_engine_layout",
-    "parse_trainer_layout",
-    "predict_row",
-    "predict_rows",
-    "row_job",
-    "read_runs",
-    "recalibrate",
-    "summarise",
-    "TABLE",
+    "ASSUMED_MEAN_PROMPT_LEN", "COLUMNS", "TABLE", "RowResult", "RunRow", "fit_calibration", "fit_calibrations",
+    "predict_row", "predict_rows", "read_runs", "recalibrate", "row_job", "summarise",
 ]
 
 def _positive(name: str, *, optional: bool = False) -> Column:
@@ -76,16 +58,10 @@ TABLE = (
     Column("training_precision", Precision, optional=True, default=Precision.bf16),
 )
 COLUMNS = tuple(c.name for c in TABLE)
-OPTIONAL_COLUMNS = tuple(c.name for c in TABLE if c.optional)
 
 #: Mean prompt tokens of NeMo-RL's OpenMathInstruct-2 / DAPO-Math runs (problem text plus the
 #: math prompt template, ``examples/prompts/cot.txt``): an assumption; the tables do not say.
 ASSUMED_MEAN_PROMPT_LEN = 150
-#: vLLM V1's ``max_num_seqs`` default on GPUs with >= 70 GiB (``vllm/engine/arg_utils.py``,
-#: ``_set_default_args``); NeMo-RL's performance recipes leave it unset.
-DEFAULT_MAX_NUM_SEQS = 1024
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunRow:
     """One measured run (seconds; ``None`` where not published)."""
@@ -155,21 +131,12 @@ def row_job(row: RunRow, *, mean_prompt_len: float = ASSUMED_MEAN_PROMPT_LEN) ->
     if row.mean_seq_len >= resp_max:
         raise TunerError(f"line {row.line}: mean_seq_len {row.mean_seq_len:g} is not below the longest response "
                          f"{resp_max:,}")
-    return RLJob(
-        model=model,
-        cluster=cluster,
-        framework=row.framework,
-        engine=row.rollout.engine,
-        prompt_len=prompt,
-        response_len=resp_max,
-        mean_prompt_len=prompt,
-        responses=LengthDistribution.from_mean_max(row.mean_seq_len, resp_max),
-        prompts_per_step=row.prompts_per_step,
-        generations_per_prompt=row.generations_per_prompt,
-        max_seq_len=row.max_seq_len,
-        generation_precision=row.generation_precision,
-        training_precision=row.training_precision,
-    )
+    return RLJob(model=model, cluster=cluster, framework=row.framework, engine=row.rollout.engine, prompt_len=prompt,
+                 response_len=resp_max, mean_prompt_len=prompt,
+                 responses=LengthDistribution.from_mean_max(row.mean_seq_len, resp_max),
+                 prompts_per_step=row.prompts_per_step, generations_per_prompt=row.generations_per_prompt,
+                 max_seq_len=row.max_seq_len, generation_precision=row.generation_precision,
+                 training_precision=row.training_precision)
 
 
 def predict_row(row: RunRow, *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
@@ -177,32 +144,9 @@ def predict_row(row: RunRow, *, calibration: RLCalibration = DEFAULT_RL_CALIBRAT
     """Predict one measured run with its own split and layouts.
 
     Raises TunerError: the row's model, GPU, engine or layout cannot be predicted (the reason named)."""
-    job = row_job(row)
-    sub = Cluster(
-        gpu=job.cluster.gpu,
-        num_gpus=row.trainer_gpus,
-        gpus_per_node=min(row.gpus_per_node, row.trainer_gpus),
-        inter_node_bytes_per_s=job.cluster.inter_node_bytes_per_s,
-    )
-    workload = job.workload
-    t = row.trainer
-    trainer = trainer_for_layout(job.model, sub, workload, t.backend, tp=t.tp, cp=t.cp, ep=t.ep, pp=t.pp, vpp=t.vpp,
-                                 logprob_passes=job.logprob_passes)
-    e = row.rollout
-    choice = PlanChoice(
-        colocated=row.colocated,
-        rollout_gpus=row.rollout_gpus,
-        trainer_gpus=row.trainer_gpus,
-        shape=e.shape,
-        gpu_memory_utilization=e.gpu_memory_utilization if e.gpu_memory_utilization is not None
-        else (0.6 if row.colocated else 0.8),
-        max_num_seqs=e.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
-        enforce_eager=bool(e.enforce_eager),
-        async_steps=row.async_steps,
-        trainer_backend=t.backend,
-        engine=e.engine,
-    )
-    return evaluate(job, choice, trainer=trainer, calibration=calibration, latency=latency)
+    return evaluate_layouts(row_job(row), row.rollout, row.trainer, colocated=row.colocated,
+                            rollout_gpus=row.rollout_gpus, trainer_gpus=row.trainer_gpus, async_steps=row.async_steps,
+                            calibration=calibration, latency=latency)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -228,10 +172,8 @@ class RowResult:
         return predicted / measured - 1.0
 
 
-def predict_rows(
-    rows: Sequence[RunRow], *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
-    latency: LatencyProvider = default_latency
-) -> list[RowResult]:
+def predict_rows(rows: Sequence[RunRow], *, calibration: RLCalibration = DEFAULT_RL_CALIBRATION,
+                 latency: LatencyProvider = default_latency) -> list[RowResult]:
     """Predict each row; a row that cannot be predicted carries its error instead."""
     out = []
     for r in rows:
@@ -294,31 +236,50 @@ def recalibrate(plan: RLPlan, old: RLCalibration, new: RLCalibration) -> float:
     return parts.step_time_s
 
 
-FITTED = ("generation_scale", "training_scale", "switch_fixed_s", "step_overhead_s")
-
-
 def fit_calibration(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION,
                     source: str = "fit") -> RLCalibration:
-    """Fit :data:`FITTED` factors (``logprob_scale`` tied to ``training_scale``) to the rows' step times: the least sum
-    of |log(predicted / measured)| (Nelder-Mead over log-factors) from ``base``, under which the rows were predicted.
+    """One set of factors for all rows (:func:`_fit`).
+
+    Raises TunerError: no predicted row to fit."""
+    return _fit(results, base, lambda r: "", lambda g: source)[""]
+
+
+def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION,
+                     source: str = "fit") -> dict[str, RLCalibration]:
+    """One :class:`RLCalibration` per GPU of the rows (:func:`_fit`): per-GPU scales, and one ``switch_fixed_s`` and
+    ``step_overhead_s`` for all, the framework's host-side work per step whatever the GPU (fitted per GPU they are not
+    identified by a few rows).
+
+    Raises TunerError: no predicted row to fit."""
+    return _fit(results, base, lambda r: r.row.gpu, lambda g: f"{source} ({g} scales, shared fixed costs)")
+
+
+def _fit(results: Sequence[RowResult], base: RLCalibration, group: Callable[[RowResult], str],
+         source: Callable[[str], str]) -> dict[str, RLCalibration]:
+    """Per ``group`` of rows ``generation_scale`` and ``training_scale`` (``logprob_scale`` tied to it), and one
+    ``switch_fixed_s`` and ``step_overhead_s`` for all: the least sum of |log(predicted / measured)| of the step times
+    (:func:`_minimise` over log-factors) from ``base``, under which the rows were predicted.
 
     Raises TunerError: no predicted row to fit."""
     use = [r for r in results if r.plan is not None]
     if not use:
         raise TunerError("no predicted row to calibrate on")
+    groups = sorted({group(r) for r in use})
 
-    def cal(x: np.ndarray) -> RLCalibration:
-        g, t, sw, ov = np.exp(x)
-        return base.replace(generation_scale=float(g), training_scale=float(t), logprob_scale=float(t),
-                            switch_fixed_s=float(sw), step_overhead_s=float(ov), source=source)
+    def cals(x: np.ndarray) -> dict[str, RLCalibration]:
+        e = np.exp(x)
+        return {g: base.replace(generation_scale=float(e[2 * i]), training_scale=float(e[2 * i + 1]),
+                                logprob_scale=float(e[2 * i + 1]), switch_fixed_s=float(e[-2]),
+                                step_overhead_s=float(e[-1]), source=source(g)) for i, g in enumerate(groups)}
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        c = cal(x)
-        return np.array([math.log(recalibrate(r.plan, base, c) / r.row.step_time_s) for r in use if r.plan is not None])
+        c = cals(x)
+        return np.array([math.log(recalibrate(r.plan, base, c[group(r)]) / r.row.step_time_s) for r in use
+                         if r.plan is not None])
 
-    x0 = np.log([base.generation_scale, base.training_scale, max(base.switch_fixed_s, 0.1),
-                 max(base.step_overhead_s, 0.1)])
-    return cal(_minimise(residuals, x0))
+    x0 = np.log([base.generation_scale, base.training_scale] * len(groups)
+                + [max(base.switch_fixed_s, 0.1), max(base.step_overhead_s, 0.1)])
+    return cals(_minimise(residuals, x0))
 
 
 #: Factors and fixed costs are searched within e^-12 .. e^12 (6e-6 .. 1.6e5; seconds for the fixed costs).
@@ -354,35 +315,3 @@ def _minimise(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray) -> 
     return min(runs, key=lambda xb: xb[1])[0]
 
 
-
-def fit_calibrations(results: Sequence[RowResult], *, base: RLCalibration = DEFAULT_RL_CALIBRATION,
-                     source: str = "fit") -> dict[str, RLCalibration]:
-    """One :class:`RLCalibration` per GPU of the rows: per-GPU ``generation_scale`` and ``training_scale``
-    (``logprob_scale`` tied to it), and one ``switch_fixed_s`` and ``step_overhead_s`` for all, the framework's
-    host-side work per step whatever the GPU (fitted per GPU they are not identified by a few rows). Minimises the sum
-    of |log(predicted / measured)| (Nelder-Mead over log-factors) from ``base``, under which the results were predicted.
-
-    Raises TunerError: no predicted row to fit."""
-    use = [r for r in results if r.plan is not None]
-    if not use:
-        raise TunerError("no predicted row to calibrate on")
-    gpus = sorted({r.row.gpu for r in use})
-
-    def cals(x: np.ndarray) -> dict[str, RLCalibration]:
-        e = np.exp(x)
-        sw, ov = float(e[-2]), float(e[-1])
-        return {
-            g: base.replace(generation_scale=float(e[2 * i]), training_scale=float(e[2 * i + 1]),
-                            logprob_scale=float(e[2 * i + 1]),
-                            switch_fixed_s=sw, step_overhead_s=ov, source=f"{source} ({g} scales, shared fixed costs)")
-            for i, g in enumerate(gpus)
-        }
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        c = cals(x)
-        return np.array([math.log(recalibrate(r.plan, base, c[r.row.gpu]) / r.row.step_time_s) for r in use
-                         if r.plan is not None])
-
-    x0 = np.log([base.generation_scale, base.training_scale] * len(gpus)
-                + [max(base.switch_fixed_s, 0.1), max(base.step_overhead_s, 0.1)])
-    return cals(_minimise(residuals, x0))

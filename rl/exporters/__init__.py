@@ -11,14 +11,8 @@ from rl.exporters._nemo_rl import NemoRLRecipeExporter, nemo_rl_config, nemo_rl_
 from rl.exporters._slime_rl import SlimeRLExporter, render_slime_script, slime_rl_args
 
 __all__ = [
-    "NemoRLRecipeExporter",
-    "SlimeRLExporter",
-    "nemo_rl_config",
-    "nemo_rl_schema",
-    "plan_context",
-    "render_nemo_rl_yaml",
-    "render_slime_script",
-    "slime_rl_args",
+    "NemoRLRecipeExporter", "SlimeRLExporter", "nemo_rl_config", "nemo_rl_schema", "plan_context",
+    "render_nemo_rl_yaml", "render_slime_script", "slime_rl_args",
 ]
 
 register_exporter(NemoRLRecipeExporter())

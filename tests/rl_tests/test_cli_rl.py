@@ -38,7 +38,8 @@ def synthetic_engines(monkeypatch, request):
     monkeypatch.setattr(
         plan_mod.enumerate_plans, "__kwdefaults__", {**plan_mod.enumerate_plans.__kwdefaults__, "latency": latency}
     )
-    monkeypatch.setattr(plan_mod.evaluate, "__kwdefaults__", {**plan_mod.evaluate.__kwdefaults__, "latency": latency})
+    for f in (plan_mod.evaluate, plan_mod.evaluate_layouts):
+        monkeypatch.setattr(f, "__kwdefaults__", {**f.__kwdefaults__, "latency": latency})
 
 
 JOB = [

@@ -1,4 +1,5 @@
-"""The engine-model check (rl.serving): the published-runs reader, request lengths, predictions on synthetic latency."""
+"""The engine-model check (benchmarks/rl_serving.py): the published-runs reader, request lengths, predictions on
+synthetic latency."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from benchmarks.rl_serving import ServingRun, predict_serving, read_serving_runs, serving_requests, summarise_serving
 from rl.engine import LatencyTable
-from rl.serving import ServingRun, predict_serving, read_serving_runs, serving_requests, summarise_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = (
