@@ -271,7 +271,7 @@ EXPLICIT: tuple[Mutation, ...] = (
     ),
     _edit(
         "expert biases cost nothing", T + "compute:moe_elementwise_time",
-        "(c.cal.expert_bias_bytes_per_copy_moe if c.dims.expert_bias else 0.0)", "0.0",
+        "c.cal.expert_bias_bytes_per_copy_moe if c.dims.expert_bias", "0.0 if c.dims.expert_bias",
     ),
     _edit(
         "MLA RoPE priced unfused when fused", T + "compute:mla_unfused_rope_time",
