@@ -195,7 +195,7 @@ def _print_recommended(best: RLPlan, rank: int, framework: Framework, note: str,
     c, pt = best.choice, best.parts
     where = (f"colocated on all {c.rollout_gpus} GPUs" if c.colocated
              else f"{c.rollout_gpus} rollout GPUs + {c.trainer_gpus} trainer GPUs")
-    place = f"plan {rank} below" if rank <= shown else f"plan {rank} of the ranking; --top {rank} shows it"
+    place = f"#{rank} of the fastest plans below" if rank <= shown else f"#{rank} of the ranking; --top {rank} shows it"
     _out.print(f"[bold green]Recommended plan[/] (predicted, {place}): [bold]{pt.step_time_s:.1f} s[/] per step")
     _out.print(f"  {where}, async depth K {c.async_steps}", markup=False)
     _out.print(f"  engines: {c.num_engines} x {best.rollout_label}, {'eager' if c.enforce_eager else 'CUDA graphs'}",

@@ -553,7 +553,7 @@ def test_tune_rl_names_its_plan_first_and_fits_the_terminal(terminal, width):
     )
     assert r.exit_code == 0, r.output
     lines = fits(r.output)
-    first = next(i for i, ln in enumerate(lines) if ln.startswith("Recommended plan (predicted, plan "))
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("Recommended plan (predicted, #"))
     assert first < next(i for i, ln in enumerate(lines) if ln.startswith("Fastest plans"))
     head = next(ln for ln in lines if ln.lstrip().startswith("#  GPUs"))
     assert (head.split()[:5] == ["#", "GPUs", "engines", "trainer", "K"]) if width == 80 else ("logprob" in head)

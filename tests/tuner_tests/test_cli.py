@@ -970,3 +970,20 @@ def test_an_error_wraps_at_the_terminal_under_its_first_word(terminal):
     first, *rest = fits(r.output)
     assert first.startswith("error: --model 'Foo': unknown model.") and rest
     assert all(ln.startswith(" " * 7) and ln[7] != " " for ln in rest)
+
+
+def test_front_rows_that_differ_only_in_dispatcher_or_offload_say_so(capsys):
+    """Two layouts of one label and recompute are told apart: the row whose dispatcher or offload is not the best's
+    names it under its layout."""
+    from tuner.cli._front import print_front
+
+    row = {"trial": 0, "label": "TP4 PP8 EP8 DP2", "recompute": "full uniform 1", "micro_batch_size": 2,
+           "tokens_per_s_per_gpu": 1800.0, "peak_gib": 62.1, "dispatcher": "flex+deepep", "offload": "none"}
+    front = [row, {**row, "trial": 1, "tokens_per_s_per_gpu": 1728.0, "dispatcher": "alltoall"},
+             {**row, "trial": 2, "tokens_per_s_per_gpu": 965.0, "offload": "optimizer 0.5"}]
+    print_front(front, 0, "front", best_trial=0)
+    lines = capsys.readouterr().out.splitlines()
+    at = {int(line.split()[0]): i for i, line in enumerate(lines) if line.split() and line.split()[0].isdigit()}
+    assert lines[at[0] + 1].split()[0] == "1"  # the best: nothing under it
+    assert lines[at[1] + 1].strip() == "alltoall"
+    assert lines[at[2] + 1].strip() == "offload 0.5"

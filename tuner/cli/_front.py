@@ -28,7 +28,8 @@ def table_rows(front: list[dict[str, Any]], top: int, keep: int | None = None) -
 def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: str = "tune pareto --top 0",
                 best_trial: int | None = None) -> None:
     """The Pareto table (rows of :func:`tuner.report.front_rows`, fastest first; the first ``top``, 0 = all, with
-    ``best_trial`` among them) in seven columns that fit 80; then how many rows were left out and ``more_hint``, the
+    ``best_trial`` among them) in seven columns that fit 80, a row's dispatcher and offload under its layout where
+    they are not the best's; then how many rows were left out and ``more_hint``, the
     command that shows them. The other columns are in ``pareto.csv`` and ``report.html``."""
     out.print(title)  # not the table's title: rich wraps a title to the table's width
     t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
@@ -38,17 +39,31 @@ def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: st
     for col, just in columns:
         t.add_column(col, justify=just, overflow="fold", no_wrap=col in ("trial", "layout"))
     shown = table_rows(front, top, best_trial)
+    best = next((r for r in front if r["trial"] == best_trial), front[0] if front else None)
     for r in shown:
+        tags = _differences(r, best)
         rec = _short_recompute(r["recompute"])
         star = "*" if r.get("fit") == "may not fit" else " "
         lo, hi = r.get("tokens_per_s_per_gpu_low"), r.get("tokens_per_s_per_gpu_high")
         band = f"{lo:,.0f}-{hi:,.0f}" if isinstance(lo, float) and lo == lo else ""
-        t.add_row(str(r["trial"]), r["label"], rec, str(r["micro_batch_size"]), f"{r['tokens_per_s_per_gpu']:,.0f}",
-                  band, f"{r['peak_gib']:.1f}{star}")
+        layout = r["label"] + (f"\n  {', '.join(tags)}" if tags else "")  # a second line: what sets it apart
+        t.add_row(str(r["trial"]), layout, rec, str(r["micro_batch_size"]), f"{r['tokens_per_s_per_gpu']:,.0f}", band,
+                  f"{r['peak_gib']:.1f}{star}")
     out.print(t)
     if len(front) > len(shown):
         out.print(f"{len(front) - len(shown)} more on the front:")
         print_command(*shlex.split(more_hint))
+
+
+def _differences(row: dict[str, Any], best: dict[str, Any] | None) -> list[str]:
+    """What tells ``row`` apart from ``best`` beyond the table's columns, each where it is not the best's: its
+    dispatcher (``alltoall``) and optimizer offload (``offload 0.5``, ``no offload``)."""
+    if best is None:
+        return []
+    tags = [row["dispatcher"]] if row["dispatcher"] != best["dispatcher"] else []
+    if row["offload"] != best["offload"]:
+        tags.append("no offload" if row["offload"] == "none" else row["offload"].replace("optimizer", "offload"))
+    return tags
 
 
 #: The recompute modules (specs.layout.RECOMPUTE_MODULES) as the Pareto table names them; pareto.csv has the full names.
