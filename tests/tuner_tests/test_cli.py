@@ -772,6 +772,7 @@ def test_layout_options_refuse_a_clash():
 
 
 def test_export_formats_come_from_the_registry(main_run, tmp_path, monkeypatch):
+    import rl.exporters  # noqa: F401 - registers the RL formats, as `tune export` does
     from launch.exporters import ExportContext, Exporter, _registry, exporter_names, register_exporter
 
     _, out = main_run
@@ -987,3 +988,13 @@ def test_front_rows_that_differ_only_in_dispatcher_or_offload_say_so(capsys):
     assert lines[at[0] + 1].split()[0] == "1"  # the best: nothing under it
     assert lines[at[1] + 1].strip() == "alltoall"
     assert lines[at[2] + 1].strip() == "offload 0.5"
+
+
+def test_an_exported_script_read_back_has_no_overrides(main_run):
+    """The model preset's own launch arguments (MiniMax-M2's --no-rope-fusion, --moe-permute-fusion), which every
+    export carries, are not the launch's run-flag choices: `tune --from` on the exported run_slime.sh says so."""
+    _, out = main_run
+    r = _run("--from", str(out / "run_slime.sh"), "--gpus", "H200", "--results-dir", str(out.parent), "--study",
+             "m2-read-back", "--trials", "2")
+    assert r.exit_code == 0, r.output
+    assert "overrides: none" in r.output

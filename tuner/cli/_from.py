@@ -79,8 +79,10 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
             ``--model`` is given, its GPUs are unknown or disagree, or its layout cannot be estimated."""
     from specs import load_model, parse_gpus
     from specs.model import slice_model
+    from specs.stacks import RunFlags
     from tuner.cli._layout import LayoutFlags, apply_layout_string
     from tuner.launch_file import read_launch
+    from tuner.launch_file.args import run_flags_of_args
 
     def default(param: str) -> bool:
         src = ctx.get_parameter_source(param) if ctx is not None else None
@@ -117,9 +119,13 @@ def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, 
     task, rank, modules = run.task, run.lora_rank, run.lora_target_modules
     if run.task is None and lf.task:
         task, rank, modules = lf.task.get("task"), lf.task.get("lora_rank"), lf.task.get("lora_target_modules")
-    merged = RunChoice(stack=run.stack or lf.stack, flags=_merge_flags(lf.run_flags, run.flags), task=task,
-                       lora_rank=rank, lora_target_modules=modules)
     m = slice_model(load_model(name), layers)
+    # the model preset's own launch arguments (its extra_megatron_args, which every export carries) are not the
+    # launch's choices: reading an exported script back gives the study that exported it
+    own = run_flags_of_args(m.extra_megatron_args).given()
+    file_flags = RunFlags(**{k: v for k, v in lf.run_flags.given().items() if k not in own or own[k] != v})
+    merged = RunChoice(stack=run.stack or lf.stack, flags=_merge_flags(file_flags, run.flags), task=task,
+                       lora_rank=rank, lora_target_modules=modules)
     stack = load_stack(merged.stack or DEFAULT_STACK)
     if m.is_moe and stack.drops_allgather and lf.layout.get("dispatcher") == "allgather":
         # the stack runs alltoall where the launch asks for allgather: the launch is what runs

@@ -406,6 +406,11 @@ def _accounted_split(ns: argparse.Namespace, arch: Mapping[str, list[str]], mode
     return out
 
 
+def run_flags_of_args(argv: Sequence[str]) -> RunFlags:
+    """The run flags a list of Megatron-LM arguments sets (e.g. a model preset's ``extra_megatron_args``)."""
+    return _run_flags_of(_parser().parse_known_args(list(argv))[0])
+
+
 def _run_flags_of(ns: argparse.Namespace) -> RunFlags:
     """The run flags of the parsed launch: each :class:`RunFlags` field is the argparse ``dest`` of its argument."""
     impl = ns.cuda_graph_impl or ("local" if ns.enable_cuda_graph else "transformer_engine"
