@@ -28,7 +28,8 @@ class _FoldingHelpTable(Table):
     def add_row(self, *renderables: Any, **kwargs: Any) -> None:
         if len(renderables) >= 6:  # an options panel: [required,] long, short, --no- long, --no- short, type, help
             *head, long, short, neg, neg_short, types, text = renderables
-            renderables = (*head, _option_names(long, short, neg, neg_short), _break_type(types), text)
+            kind = Text("") if types.plain == "<bool>" else _break_type(types)  # a flag takes no value
+            renderables = (*head, _option_names(long, short, neg, neg_short), kind, text)
         super().add_row(*renderables, **kwargs)
         for column in self.columns:
             column.overflow = "fold"
