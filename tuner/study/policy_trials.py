@@ -112,8 +112,7 @@ class PolicyTrials:
         earlier runs' and other workers' (a shared storage) only teach it."""
         run, policy = self.study_run, self.policy
         mine = run.own_trials()
-        for t in run.study.get_trials(deepcopy=False,
-                                      states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        for t in run.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
             if t.number in self.observed:
                 continue
             r = TrialRecord.of(t)

@@ -1,15 +1,8 @@
-"""The run loop: one ``tune`` run of a study, as an object (:class:`StudyRun`).
+"""The run loop: one ``tune`` run of a study (:class:`StudyRun`).
 
-A run opens (or resumes) the study, queues the predicted front and the fastest predicted candidates, and
-evaluates layouts through the backend until ``--trials`` layouts were evaluated or the space ran out; a
-proposal that cannot or need not be evaluated (breaks a rule, does not fit, was evaluated, is being run by
-another worker, is refused by the backend) is skipped and costs nothing. Real trials (a backend that
-measures) run under ``Study.optimize`` on the study's storage, with Optuna's heartbeat when workers share it;
-their sampler (:class:`tuner.study.predicted.CandidateSampler`) proposes the queued candidates in order, then
-NSGA-II's, and checks each proposal before a trial holds it, so a skipped proposal is never a trial; under the
-gain policy (``--trial-policy gain``) :class:`tuner.study.policy_trials.PolicyTrials` picks the layouts;
-a backend that only predicts (``model``) runs through :class:`tuner.study.predicted.PredictedTrials`, which
-samples in memory and writes only evaluated layouts.
+Real trials run under ``Study.optimize`` with :class:`tuner.study.predicted.CandidateSampler` (queued candidates,
+then NSGA-II's; a skipped proposal is never a trial) or, under ``--trial-policy gain``,
+:class:`tuner.study.policy_trials.PolicyTrials`; predictions run through :class:`tuner.study.predicted.PredictedTrials`.
 """
 
 from __future__ import annotations
@@ -67,7 +60,6 @@ __all__ = ["FALLBACK_AFTER_SKIPS", "POLICY_BEST_ATTR", "Proposal", "StudyRun", "
 log = logging.getLogger("tuner.study")
 
 
-
 @dataclass(slots=True)
 class TuneResult:
     """What a run of a study did (``run_study``); the study itself holds every trial."""
@@ -78,25 +70,19 @@ class TuneResult:
     storage: str
     out_dir: Path
     evaluated_now: int
-    """Layouts evaluated to the end in this run (real trials: measured)."""
     skipped_now: int
-    """Proposals skipped in this run: they break a rule, are predicted not to fit, were evaluated before, are
-    being run by another worker or are refused by the backend (none cost a trial)."""
+    """Proposals skipped in this run (none cost a trial)."""
     backend: str
     pruned_now: int = 0
-    """Real trials stopped early by the pruner in this run."""
     failed_now: int = 0
-    """Real trials that ran out of memory, timed out or crashed in this run."""
     confirmed_now: int = 0
-    """Confirmation runs (``--confirm-runs``) measured in this run."""
     confirm_note: str | None = None
     """Why the confirmation asked for did not run, if it did not."""
     budget_note: str | None = None
-    """Why this run evaluated fewer layouts than ``--trials`` asked for (the space ran out), if it did."""
+    """Why this run evaluated fewer layouts than ``--trials`` asked for, if it did."""
     stop_note: str | None = None
-    """Real trials under the ``gain`` policy: why the policy stopped, with the trials and GPU-hours it spent."""
+    """The gain policy's reason to stop, with the trials and GPU-hours it spent."""
     gpu_hours_now: float = 0.0
-    """GPU-hours the real trials of this run cost."""
 
 
 @dataclass(slots=True)
@@ -207,28 +193,15 @@ class StudyRun:
             )
 
     def _open_backend(self) -> TrialBackend:
-        """The backend of ``--backend`` (or the one given), checked to have the GPUs of ``--gpus``.
-
-        Raises:
-            TunerError: the backend cannot be opened, or the Ray cluster has fewer GPUs than ``--gpus``.
-        """
+        """The backend of ``--backend`` (or the one given), checked to have the GPUs of ``--gpus``."""
         prep, cfg = self.prep, self.cfg
+        t = cfg.trial
         backend = self._given_backend or get_backend(cfg.search.backend, BackendSettings(
-            calibration=prep.calibration,
-            memory_headroom=prep.headroom,
-            options=prep.options,
-            trials_dir=self.out_dir / "trials",
-            num_gpus=prep.cluster.num_gpus,
-            steps=cfg.trial.trial_steps,
-            warmup_steps=trial_warmup_steps(cfg),
-            timeout_s=cfg.trial.trial_timeout_s,
-            command_template=cfg.trial.command_template,
-            megatron_core=prep.options.megatron_core,
-            address=cfg.trial.ray_address,
-            gpus_per_node=prep.cluster.gpus_per_node,
-            extra_env=trial_env_dict(cfg.trial.trial_env),
-            profile_step=cfg.trial.trial_profile_step,
-        ))
+            calibration=prep.calibration, memory_headroom=prep.headroom, options=prep.options,
+            trials_dir=self.out_dir / "trials", num_gpus=prep.cluster.num_gpus, steps=t.trial_steps,
+            warmup_steps=trial_warmup_steps(cfg), timeout_s=t.trial_timeout_s, command_template=t.command_template,
+            megatron_core=prep.options.megatron_core, address=t.ray_address, gpus_per_node=prep.cluster.gpus_per_node,
+            extra_env=trial_env_dict(t.trial_env), profile_step=t.trial_profile_step))
         n = backend.cluster_gpus()
         if n is not None and n < prep.cluster.num_gpus:
             backend.close()
@@ -240,13 +213,8 @@ class StudyRun:
         return backend
 
     def _open(self) -> str | None:
-        """Open the study (the backend is closed if it is refused) and set up the run: its candidates, queue,
-        sampler (real trials) and budget. Returns why the run only shows the study (it already holds trials and
-        ``--trials`` was not given), if it does.
-
-        Raises:
-            TunerError: as :meth:`run`.
-        """
+        """Open the study (closing the backend if it is refused) and set up the candidates, queue, sampler and
+        budget. Returns why the run only shows the study, if it does (:meth:`_held_note`)."""
         prep, cfg, backend = self.prep, self.cfg, self.backend
         heartbeat = self.heartbeat if (cfg.store.storage and backend.measured) else None
         try:
@@ -477,13 +445,8 @@ class StudyRun:
             self.on_trial(done, total)
 
     def predict(self, layout: Layout) -> Estimate:
-        """The single-layout estimate of ``layout`` (:func:`cost_model.estimate.estimate`, as ``tune estimate`` prints
-        it) with this study's calibration and headroom and the run options of its backend: the prediction a trial
-        records.
-
-        Raises:
-            InfeasibleLayout: the layout breaks a rule (a candidate never does).
-        """
+        """The estimate a trial records (as ``tune estimate`` prints it, with this study's calibration, headroom
+        and run options)."""
         return estimate(self.prep.model, self.prep.cluster, self.prep.workload, layout,
                         calibration=self.prep.calibration, memory_headroom=self.prep.headroom,
                         options=self.prep.options)
@@ -717,33 +680,13 @@ def _say_failed(number: int, failure: dict[str, Any]) -> None:
                               subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
 
 
-def run_study(
-    prep: Prepared,
-    *,
-    on_trial: Callable[[int, int], None] | None = None,
-    backend: TrialBackend | None = None,
-) -> TuneResult:
-    """Create or resume the study and evaluate ``--trials`` layouts through the backend (:class:`StudyRun`).
-
-    The predicted Pareto front (spread over its memory range) and the fastest predicted candidates are
-    proposed first (real trials under the ``gain`` policy: the policy's picks); NSGA-II (Optuna's
-    multi-objective default) samples the rest. A sampled combination that breaks a rule, is predicted not to
-    fit, or was already evaluated in this study (or is held by another worker's trial) is drawn again within
-    the same trial: it never reaches the backend, is no trial and does not count against ``--trials``. With
-    the default storage (the study's own SQLite file) one process at a time runs a study.
-
-    Args:
-        prep: the pruned candidates from :func:`tuner.study.prepare.prepare`.
-        on_trial: called with (0, total) when the study is open and trials start, then after every evaluated
-            layout with (done, total), e.g. to start and move a progress bar.
-        backend: overrides ``prep.config.search.backend`` (tests).
-
-    Returns:
-        The study and what this run added.
+def run_study(prep: Prepared, *, on_trial: Callable[[int, int], None] | None = None,
+              backend: TrialBackend | None = None) -> TuneResult:
+    """Create or resume the study and evaluate ``--trials`` layouts (:class:`StudyRun`, same arguments); with the
+    default storage (the study's own SQLite file) under :class:`StudyLock`, one process at a time.
 
     Raises:
-        TunerError: the study exists with different inputs, the storage URL is bad, or another
-            ``tune`` process is running the same study in its default storage.
+        TunerError: as :meth:`StudyRun.run`, or another ``tune`` process runs the study in its default storage.
     """
     run = StudyRun(prep, on_trial=on_trial, backend=backend)
     if prep.config.store.storage and not is_own_store(prep.config, run.out_dir):
