@@ -102,28 +102,18 @@ class Prepared:
 
 
 def prepare(config: TuneConfig) -> Prepared:
-    """Load inputs, enumerate, check rules and estimate every valid layout.
-
-    Raises:
-        TunerError: bad input (model, GPUs, space, calibration), or no layout of
-            the space fits in memory (the message names the fewest GPUs that would).
-    """
+    """Load inputs, enumerate, check rules and estimate every valid layout (TunerError: bad input, or no layout fits;
+    the message names the fewest GPUs that would)."""
     _validate_config(config)
     model = _model(config)
     c, w, search, baseline = config.cluster, config.workload, config.search, config.job.baseline
-    cluster = parse_gpus(
-        config.job.gpus,
-        gpus_per_node=c.gpus_per_node,
-        inter_node_bytes_per_s=network_bytes_per_s(c.network_gbps) if c.network_gbps is not None else None,
-        usd_per_gpu_hour=c.usd_per_gpu_hour,
-        network=c.network,
-        host_memory_gib=c.host_memory_gib,
-        require_network=True,
-    )
+    gbps = network_bytes_per_s(c.network_gbps) if c.network_gbps is not None else None
+    cluster = parse_gpus(config.job.gpus, gpus_per_node=c.gpus_per_node, inter_node_bytes_per_s=gbps,
+                         usd_per_gpu_hour=c.usd_per_gpu_hour, network=c.network, host_memory_gib=c.host_memory_gib,
+                         require_network=True)
     workload = Workload(seq_length=w.seq_length, global_batch_size=w.global_batch_size,
-                        precision=enum_member(Precision, w.precision, "--precision"),
-                        task=w.task, lora_rank=w.lora_rank,
-                        lora_target_modules=tuple(w.lora_target_modules)).on_model(model.is_mla)
+                        precision=enum_member(Precision, w.precision, "--precision"), task=w.task,
+                        lora_rank=w.lora_rank, lora_target_modules=tuple(w.lora_target_modules)).on_model(model.is_mla)
     if workload.precision.value == "fp8" and not cluster.gpu.peak_flops_fp8:
         raise TunerError(f"--precision fp8: {cluster.gpu.name} has no fp8 tensor cores; use --precision bf16")
     space = SearchSpace.load(search.space)
@@ -163,35 +153,14 @@ def prepare(config: TuneConfig) -> Prepared:
     front = front[np.argsort(-est.tokens_per_s_per_gpu[front])]
     en.notes.extend(global_batch_notes(workload.global_batch_size, cluster.num_gpus, int(en.valid.dp[front[0]]),
                                        int(en.valid["micro_batch_size"][front[0]])))
-    prep = Prepared(
-        config=config,
-        model=model,
-        cluster=cluster,
-        workload=workload,
-        space=space,
-        calibration=cal,
-        enumeration=en,
-        estimates=est,
-        fits=fits,
-        front=front,
-        enumerate_seconds=t1 - t0,
-        estimate_seconds=t2 - t1,
-        options=opts,
-        stack=stack,
-        baseline_row=_baseline_row(en.valid, baseline),
-        n_over_host=int(np.count_nonzero(gpu_fits & ~host_fits)),
-        bars=bars,
-        headroom=headroom,
-    )
-    return prep
+    return Prepared(config=config, model=model, cluster=cluster, workload=workload, space=space, calibration=cal,
+                    enumeration=en, estimates=est, fits=fits, front=front, enumerate_seconds=t1 - t0,
+                    estimate_seconds=t2 - t1, options=opts, stack=stack, baseline_row=_baseline_row(en.valid, baseline),
+                    n_over_host=int(np.count_nonzero(gpu_fits & ~host_fits)), bars=bars, headroom=headroom)
 
 
 def _model(config: TuneConfig) -> ModelSpec:
-    """The model of ``config``, sliced to ``--layers``.
-
-    Raises:
-        TunerError: a MoE model (or its slice) without an MoE layer.
-    """
+    """The model of ``config``, sliced to ``--layers`` (TunerError: an MoE model or slice without an MoE layer)."""
     job = config.job
     model = slice_model(load_model(job.model, allow_config_args=job.allow_config_args), job.layers)
     if model.num_experts and not model.num_moe_layers:
@@ -210,11 +179,7 @@ def _model(config: TuneConfig) -> ModelSpec:
 
 def _stack_space(config: TuneConfig, model: ModelSpec, space: SearchSpace, stack: Any) -> tuple[SearchSpace, list[str]]:
     """The space as the stack and the harness can run it (slime's allgather, the precision-aware optimizer without
-    TE left out) and the notes that say so.
-
-    Raises:
-        TunerError: the space allows only the allgather dispatcher under slime.
-    """
+    TE left out) and the notes that say so."""
     stack_notes: list[str] = []
     if config.job.allow_config_args and model.extra_megatron_args:
         stack_notes.append("--allow-config-args: the model's config adds to every trial and export: "
@@ -237,17 +202,8 @@ def _stack_space(config: TuneConfig, model: ModelSpec, space: SearchSpace, stack
 
 
 def global_batch_notes(global_batch_size: int, num_gpus: int, dp: int, micro_batch_size: int) -> list[str]:
-    """Warnings about ``--global-batch`` for the cluster and for the predicted fastest layout (DP ``dp``,
-    ``micro_batch_size``).
-
-    - fewer rows than GPUs: the batch, not memory, caps data parallelism (DP <= rows), so every layout spreads one model
-      replica over at least ``ceil(num_gpus / global_batch_size)`` GPUs;
-    - one micro-batch (or less) per data-parallel rank: the pipeline cannot fill and nothing is left to overlap the
-      gradient reduce-scatter with (Megatron overlaps it with the backward of the micro-batches before the last).
-
-    Returns:
-        Zero, one or two one-line notes.
-    """
+    """Notes on ``--global-batch``: fewer rows than GPUs (the batch caps DP), or one micro-batch per data-parallel
+    rank of the predicted fastest layout (the pipeline cannot fill, no gradient reduction overlaps the backward)."""
     notes = []
     if global_batch_size < num_gpus:
         notes.append(
@@ -295,17 +251,8 @@ def _baseline_row(valid: Any, baseline: dict[str, Any] | None) -> int | None:
     return None
 
 
-def _no_fit_message(
-    config: TuneConfig,
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    space: SearchSpace,
-    cal: Calibration,
-    en: Enumeration,
-    est: EstimateTable,
-    headroom: float,
-) -> str:
+def _no_fit_message(config: TuneConfig, model: ModelSpec, cluster: Cluster, workload: Workload, space: SearchSpace,
+                    cal: Calibration, en: Enumeration, est: EstimateTable, headroom: float) -> str:
     if len(en.valid) == 0:
         worst = ", ".join(f"{k} ({v})" for k, v in sorted(en.rule_counts.items(), key=lambda kv: -kv[1])[:3] if v)
         return (
