@@ -1,14 +1,8 @@
-"""``tune validate --trials``: predict the rows a real-trial sweep measured and compare.
-
-Rows are JSON lines written by :mod:`launch.harness.sweep` (and ``benchmarks/h200_te.py``, which writes the same
-fields plus the megatron-core configuration each row ran, ``run_options``). Each finished row is predicted as the
-harness ran it: the model slice of its ``model`` field (``MiniMax-M2[4 layers]``), its GPUs, its workload and
-precision, its layout through :func:`launch.harness.spec.harness_layout`, and the run options of the stack it ran
-on: Transformer Engine or not (``run_options.harness.use_transformer_engine``, else ``versions.transformer_engine``),
-the harness's unfused SwiGLU, and the grad dtype, fp8 recipe and fused cross-entropy its ``run_options`` record.
-Each stack has its calibration: rows with TE the shipped one (``cost_model/data/calibration.yaml``), rows without
-TE :data:`NO_TE_CALIBRATION_FILE` (the no-TE harness's constants, fitted on the 1- and 2-GPU H200 trials,
-``docs/measurements.md``), unless ``--calibration`` names one for all.
+"""``tune validate --trials``: predict the rows a real-trial sweep measured (JSON lines of
+:mod:`launch.harness.sweep` or ``benchmarks/h200_te.py``) and compare. Each row is predicted as the harness ran it
+(model slice, GPUs, workload, :func:`launch.harness.spec.harness_layout`, the run options its stack recorded), with
+its stack's calibration: the shipped one with TE, :data:`NO_TE_CALIBRATION_FILE` without (``docs/measurements.md``),
+unless ``--calibration`` names one for all.
 """
 
 from __future__ import annotations
@@ -135,11 +129,8 @@ TE_ABSENT = ("", "not installed", "None")
 
 
 def _te_version(d: dict[str, Any]) -> str | None:
-    """The row's Transformer Engine release as "MAJOR.MINOR" ("2.20rc1": "2.20"), or None when it ran without TE.
-
-    Raises:
-        ValueError: ``versions.transformer_engine`` is neither absent nor a version string.
-    """
+    """The row's Transformer Engine release as "MAJOR.MINOR" ("2.20rc1": "2.20"), or None when it ran without TE
+    (ValueError: not a version string)."""
     v = (d.get("versions") or {}).get("transformer_engine")
     if v is None or (isinstance(v, str) and v.strip() in TE_ABSENT):
         return None
@@ -195,12 +186,8 @@ def _fields(o: RunOptions) -> dict[str, Any]:
 
 
 def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[int, str, Any]]:
-    """``(line number, "LABEL, line N", value)`` of each non-blank line of a JSON-lines file (also read by the device
-    benchmarks' comparisons); ``expected`` ends a message about a bad line.
-
-    Raises:
-        TunerError: the file cannot be read (as UTF-8), or a line is not JSON, repeats a key in one object or is
-            past the parser's limits, named by ``label`` and its line."""
+    """``(line number, "LABEL, line N", value)`` of each non-blank line of a JSON-lines file; ``expected`` ends the
+    message (TunerError) about an unreadable file or a line that is not JSON or repeats a key."""
     lines = read_user_text(path, label, expected).splitlines()
     for i, line in enumerate(lines, start=1):
         if not line.strip():
@@ -223,13 +210,8 @@ _RAN_MODEL_FIELDS = (("num_layers", "num_layers"), ("hidden_size", "hidden_size"
 
 
 def _check_ran_model(d: dict[str, Any], model: ModelSpec, where: str) -> None:
-    """A row's ``model`` field must be the model its ``run_options.transformer`` says megatron-core built, and a row
-    without ``precision`` (older sweeps: bf16) must not have run fp8.
-
-    Raises:
-        TunerError: a field of ``run_options.transformer`` that differs from the model named (or its overrides), or
-            ``transformer.fp8`` set on a row with no ``precision``.
-    """
+    """Refuse (TunerError) a row whose ``model`` is not the model its ``run_options.transformer`` says megatron-core
+    built, or that ran fp8 without a ``precision`` field (bf16)."""
     ran = (d.get("run_options") or {}).get("transformer")
     if ran is None:
         return
@@ -248,11 +230,7 @@ def _check_ran_model(d: dict[str, Any], model: ModelSpec, where: str) -> None:
 
 
 def read_trials(paths: list[str | Path]) -> tuple[list[SweepRow], list[str]]:
-    """``(rows, skipped)`` of sweep JSON-lines files: the finished rows and one line per row left out.
-
-    Raises:
-        TunerError: a file given twice or unreadable, a line that is not a JSON object, a row without a layout or of a
-            model that is not a bundled preset (or a slice of one)."""
+    """``(rows, skipped)`` of sweep JSON-lines files: the finished rows and one line per row left out."""
     rows: list[SweepRow] = []
     skipped: list[str] = []
     seen: dict[Path, str] = {}
@@ -331,11 +309,7 @@ def _pos(v: Any) -> bool:
 
 
 def predict_trials(rows: list[SweepRow], calibration: str | Path | None = None) -> list[TrialPrediction]:
-    """Predict each row with the calibration of its stack (``calibration`` for all when given).
-
-    Raises:
-        TunerError: an unreadable calibration file, or a row whose layout breaks a rule.
-    """
+    """Predict each row with the calibration of its stack (``calibration`` for all when given)."""
     cals: dict[bool, tuple[Calibration, str]] = {}
     if calibration is not None:
         c = load_calibration(calibration)

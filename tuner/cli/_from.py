@@ -72,11 +72,7 @@ def _merge_flags(file_flags: Any, cli_flags: Any) -> Any:
 def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, seq_len: int, global_batch: int,
                   precision: str, layers: int | None, run: RunChoice) -> FromInputs:
     """Read ``path`` and fill the main job's inputs from it where the command line leaves them at their defaults
-    (``--gpus H200``: the count is the file's nodes x GPUs per node).
-
-    Raises:
-        TunerError: the file cannot be read (:func:`tuner.launch_file.read_launch`), names no model and no
-            ``--model`` is given, its GPUs are unknown or disagree, or its layout cannot be estimated."""
+    (``--gpus H200``: the count is the file's nodes x GPUs per node)."""
     from specs import load_model, parse_gpus
     from specs.model import slice_model
     from tuner.cli._layout import LayoutFlags, apply_layout_string
@@ -160,10 +156,7 @@ def command_inputs(from_file: Path | None, ctx: Any, *, model: str | None, gpus:
                    global_batch: int,
                    precision: str, layers: int | None, run: RunChoice, layout: Any = None) -> CommandInputs:
     """The inputs of the main job, ``estimate`` and ``timeline``: the command line's, ``--from`` filling what it
-    leaves at its defaults (:func:`launch_inputs`), its layout under the given layout flags (:func:`launch_layout`).
-
-    Raises:
-        TunerError: as :func:`launch_inputs`."""
+    leaves at its defaults (:func:`launch_inputs`), its layout under the given layout flags (:func:`launch_layout`)."""
     if from_file is None:
         return CommandInputs(None, model, gpus, seq_len, global_batch, precision, layers, run, layout)
     fi = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch,
@@ -282,14 +275,8 @@ def fit_verdict(prep: Any, peak_bytes: float) -> str:
 
 def compare_line(prep: Any, best: dict[str, Any], rows: list[TrialRow] | None = None) -> str:
     """``your launch (trial T): N tokens/s/GPU measured|predicted (90%: LO-HI), X GiB; best: LABEL, M tokens/s/GPU,
-    Y GiB, +P%;`` then what to do. The launch's own trial among ``rows`` (the study's trial rows) gives its numbers,
-    measured when it was; else its prediction; a prediction's 90% interval is the job's error bars' (``prep.bars``,
-    as ``tune estimate`` gives it).
-
-    What to do: ``change: ...`` only for a gain beyond the model's error on a predicted ratio
-    (:func:`cost_model.uncertainty.ratio_within_error`) or a measured one; a predicted gain within it, or a loss (the
-    best is the least memory within 1% of the fastest that fits, :func:`tuner.report.pick_best`, so it can be a little
-    slower than the launch), says to keep the launch or measure both, and names the best's differences as such."""
+    Y GiB, +P%;`` then what to do: ``change: ...`` only for a measured gain or one beyond the model's error on a
+    predicted ratio (:func:`cost_model.uncertainty.ratio_within_error`), else keep the launch or measure both."""
     from specs import Layout
 
     base = Layout.from_dict(prep.config.job.baseline)

@@ -84,8 +84,7 @@ def _published_json(preds: list[Any], runs: list[Any], problems: list[Any], cali
     groups = [{**g, "group": list(g["group"])} for g in summarize(preds)]
     allp = summarize(preds, key=lambda p: ("all", "all"))[0]
     return {
-        "calibration": str(calibration) if calibration else "shipped (cost_model/data/calibration.yaml)",
-        "rows": rows,
+        "calibration": str(calibration) if calibration else "shipped (cost_model/data/calibration.yaml)", "rows": rows,
         "not_representable": [{"id": r.run_id, "row": r.row, "model": r.model_name,
                                "reason": r.unrepresentable} for r in runs if r.unrepresentable],
         "unreadable": [{"row": pr.row, "id": pr.run_id, "column": pr.column, "message": pr.message} for pr in problems],
@@ -125,8 +124,7 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
                   "peak_gib": {"measured_reserved": p.row.peak_reserved_gib,
                                "measured_allocated": p.row.peak_allocated_gib,
                                "predicted": p.peak_gib, "error": p.memory_error}, **_trial_bands(p)} for p in preds],
-        "skipped": skipped,
-        "summary": summ,
+        "skipped": skipped, "summary": summ,
     }
     if as_json:
         return data
@@ -326,8 +324,7 @@ def _check_writable(path: Path, force: bool) -> None:
 
 @app.command()
 def calibrate(
-    ctx: typer.Context,
-    data: DataOpt = None,
+    ctx: typer.Context, data: DataOpt = None,
     study: Annotated[str | None, typer.Option("--study", help=(
         "Fit to the measured trials of this study (made by `tune`)."))] = None,
     storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL of --study.")] = None,
@@ -387,14 +384,12 @@ def calibrate(
                 *(["--study", study] if study else []), "--out", out_file),
             "data": [str(d) for d in (data or [])] + ([f"study {study}"] if study else []),
             "date": datetime.date.today().isoformat(),
-            "machine": f"{platform.machine()}, Python {platform.python_version()}",
-            "runs_fitted": fit.rows,
+            "machine": f"{platform.machine()}, Python {platform.python_version()}", "runs_fitted": fit.rows,
             "runs_not_representable": sum(1 for r in runs if r.unrepresentable),
             "rows_with_unreadable_cells": _bad_rows(problems),
             "method": "scipy.optimize.least_squares (trf, soft_l1 loss, f_scale 0.25) on log(predicted / published); "
             "seed rows weight 3",
-            "fitted": list(fit.fitted),
-            "in_sample_median_abs_error": round(fit.median_abs_error, 4),
+            "fitted": list(fit.fitted), "in_sample_median_abs_error": round(fit.median_abs_error, 4),
         },
         "constants": {k: float(v) for k, v in fit.calibration.to_dict().items() if k in fit.fitted},
     }
@@ -454,8 +449,7 @@ def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_fil
         "provenance": {
             "command": shell_command("tune", "calibrate", "--study", study,
                                      *(["--calibration", calibration] if calibration else []), "--out", out_file),
-            "data": [f"study {study}"],
-            "date": datetime.date.today().isoformat(),
+            "data": [f"study {study}"], "date": datetime.date.today().isoformat(),
             "machine": f"{platform.machine()}, Python {platform.python_version()}",
             "stack": f"measured trials; trial notes: {stack}",
             "caution": "these constants describe the software stack and machine the trials ran on (see stack); "

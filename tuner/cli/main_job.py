@@ -1,8 +1,5 @@
-"""The main job, ``tune --model M --gpus G``: enumerate, check, estimate, search, show the front, export.
-
-It is the root callback of the ``tune`` app (:mod:`tuner.cli`): with no sub-command it runs; with
-one, it returns and the sub-command runs.
-"""
+"""The main job, ``tune --model M --gpus G``: enumerate, check, estimate, search, show the front, export (the root
+callback of the ``tune`` app: with a sub-command it returns)."""
 
 from __future__ import annotations
 
@@ -104,23 +101,13 @@ StopGainOpt = Annotated[float, typer.Option("--stop-gain", rich_help_panel="Tria
 
 @run_options
 def main_job(
-    ctx: typer.Context,
-    run: RunChoice,
-    model: ModelOpt = None,
-    gpus: GpusOpt = None,
-    gpus_per_node: PerNodeOpt = None,
-    network_gbps: NetOpt = None,
-    network: NetworkOpt = None,
-    megatron_core: MegatronCoreOpt = None,
-    host_memory_gib: HostMemOpt = None,
-    usd_per_gpu_hour: PriceOpt = None,
-    seq_len: SeqOpt = 8192,
-    global_batch: GbsOpt = 128,
-    precision: PrecOpt = "bf16",
+    ctx: typer.Context, run: RunChoice, model: ModelOpt = None, gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None,
+    network_gbps: NetOpt = None, network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None,
+    host_memory_gib: HostMemOpt = None, usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192,
+    global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
     space: Annotated[Path | None, typer.Option("--space", rich_help_panel="Search", help=(
         "Search-space YAML (copy search_spaces/default_space.yaml)."))] = None,
-    calibration: CalOpt = None,
-    memory_headroom: HeadroomOpt = None,
+    calibration: CalOpt = None, memory_headroom: HeadroomOpt = None,
     trials: Annotated[int | None, typer.Option("--trials", rich_help_panel="Search", help=(
         "Layouts to evaluate in this run (default 48; sampled layouts that are invalid, do not fit or were evaluated "
         "before do not count): the predicted front and fastest candidates first, then NSGA-II."))] = None,
@@ -128,18 +115,11 @@ def main_job(
         "model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's "
         "GPUs), ray (the harness on a Ray cluster's nodes) or command (your slime / Megatron-LM launch command, "
         "--command-template)."))] = "model",
-    layers: LayersOpt = None,
-    trial_steps: TrialStepsOpt = 20,
-    trial_warmup_steps: TrialWarmupStepsOpt = None,
-    trial_timeout: TrialTimeoutOpt = 900.0,
-    trial_profile_step: TrialProfileStepOpt = None,
-    command_template: CommandTemplateOpt = None,
-    recalibrate_after: RecalibrateAfterOpt = 4,
-    confirm_runs: ConfirmRunsOpt = 0,
-    ray_address: RayAddressOpt = None,
-    parallel_trials: ParallelTrialsOpt = 1,
-    trial_env: TrialEnvOpt = None,
-    prune_margin: PruneMarginOpt = 0.25,
+    layers: LayersOpt = None, trial_steps: TrialStepsOpt = 20, trial_warmup_steps: TrialWarmupStepsOpt = None,
+    trial_timeout: TrialTimeoutOpt = 900.0, trial_profile_step: TrialProfileStepOpt = None,
+    command_template: CommandTemplateOpt = None, recalibrate_after: RecalibrateAfterOpt = 4,
+    confirm_runs: ConfirmRunsOpt = 0, ray_address: RayAddressOpt = None, parallel_trials: ParallelTrialsOpt = 1,
+    trial_env: TrialEnvOpt = None, prune_margin: PruneMarginOpt = 0.25,
     from_file: Annotated[Path | None, typer.Option("--from", rich_help_panel="Job", help=(
         "Your launch: a Megatron-LM / slime argument list or shell script (MODEL_ARGS=(...) arrays expanded), a "
         "recipe.yaml, a Megatron-Bridge YAML (override, perf_matrix config or saved ConfigContainer; give --model) or "
@@ -148,16 +128,13 @@ def main_job(
     allow_config_args: Annotated[bool, typer.Option("--allow-config-args", rich_help_panel="Job", help=(
         "Use the launch arguments a --model config.json adds (its tuner.extra_megatron_args): printed, and recorded in "
         "the recipe."))] = False,
-    study: StudyOpt = None,
-    storage: StorageOpt = None,
+    study: StudyOpt = None, storage: StorageOpt = None,
     resume: Annotated[bool, typer.Option("--resume", rich_help_panel="Study", help=(
         "Evaluate more layouts in an existing study (48, after any an interrupted run left queued). Without it or "
         "--trials, re-running a command shows its study as it is."))] = False,
     results_dir: ResultsOpt = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.", rich_help_panel="Study")] = 0,
-    trial_policy: TrialPolicyOpt = "gain",
-    gpu_hours: GpuHoursOpt = None,
-    stop_confidence: StopConfidenceOpt = 0.9,
+    trial_policy: TrialPolicyOpt = "gain", gpu_hours: GpuHoursOpt = None, stop_confidence: StopConfidenceOpt = 0.9,
     stop_gain: StopGainOpt = 0.02,
     top: Annotated[int, typer.Option("--top", min=0, rich_help_panel="Output", help=(
         "Rows of the Pareto table to print (0 = all)."))] = 7,
@@ -188,12 +165,8 @@ def main_job(
 
 
 def _tune_config(a: dict[str, Any]) -> Any:
-    """The :class:`tuner.study.TuneConfig` of :func:`main_job`'s arguments ``a`` (with those ``--from`` gives): each
-    option group of the options named as its fields, and the rest converted.
-
-    Raises:
-        TunerError: no ``--model`` or ``--gpus``; ``--lora-rank`` or ``--lora-target-modules`` without ``--task lora``.
-    """
+    """The :class:`tuner.study.TuneConfig` of :func:`main_job`'s arguments ``a``: each option group of the options
+    named as its fields, and the rest converted."""
     from tuner.study import config as c
 
     def group(kind: Any, **kw: Any) -> Any:
@@ -240,12 +213,7 @@ def _with_trials(argv: Sequence[str], left: int) -> list[str]:
 
 def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: Any = None, *, verbose: bool = False,
               png: bool = False) -> None:
-    """Run the main job of ``cfg`` and print it; ``state.argv`` is the command a resume repeats.
-
-    Raises:
-        TunerError: bad inputs or flag combinations, a refused study, a backend that cannot run here,
-            no finished trial, or results that cannot be written.
-    """
+    """Run the main job of ``cfg`` and print it; ``state.argv`` is the command a resume repeats."""
     from tuner.study import trial_rows
 
     prep = _prepare_main(cfg)
@@ -259,12 +227,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
 
 
 def _prepare_main(cfg: Any) -> Any:
-    """The study's :class:`tuner.study.Prepared`, after the flags, the backend and (local backend) this machine are
-    checked.
-
-    Raises:
-        TunerError: bad flag combinations, a backend that cannot run here, too few GPUs or no torch here.
-    """
+    """The study's :class:`tuner.study.Prepared`, after the flags, the backend and this machine are checked."""
     from launch import BackendSettings, backend_class, get_backend
     from tuner.study import _validate_config, prepare
 
@@ -339,11 +302,7 @@ def _run_with_progress(prep: Any, cfg: Any, state: CliState) -> Any:
 def _choose_best(res: Any, rows: list[TrialRow], prep: Any, cfg: Any) -> tuple[list[dict[str, Any]],
                                                                                      dict[str, Any], list[Any]]:
     """The Pareto front, the best row (the gain policy's choice when it stopped by its rule) and the rows tied with it;
-    the best trial is recorded in the study.
-
-    Raises:
-        TunerError: no finished trial.
-    """
+    the best trial is recorded in the study."""
     from tuner.report import BEST_TRIAL_ATTR, front_rows, pick_best
     from tuner.study.run import POLICY_BEST_ATTR
 
@@ -368,12 +327,8 @@ def _choose_best(res: Any, rows: list[TrialRow], prep: Any, cfg: Any) -> tuple[l
 
 def _write_results(res: Any, prep: Any, cfg: Any, rows: list[TrialRow], front: list[dict[str, Any]],
                    best: dict[str, Any], *, top: int, png: bool) -> tuple[dict[str, Path], str]:
-    """``pareto.csv``, the plot (``png``), the exported recipe files and ``report.html`` in the study's folder:
-    the files written and a note when the report was left out.
-
-    Raises:
-        TunerError: the folder cannot be written (the study is kept).
-    """
+    """Write ``pareto.csv``, the plot (``png``), the exported recipe files and ``report.html`` in the study's folder;
+    the files written and a note when the report was left out."""
     from tuner.report import export_files, plot_front, write_pareto_csv
     from tuner.study import _mask
 

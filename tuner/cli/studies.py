@@ -40,11 +40,7 @@ app = typer.Typer()
 def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: TrialRow | None,
                          rows: list[TrialRow], correctness: Any = None) -> Any:
     """The :class:`launch.exporters.ExportContext` of ``lay`` in study ``st``: the study's calibration and headroom,
-    the trial ``row``'s measurement and notes (confirmation runs, measured ties), and ``correctness``.
-
-    Raises:
-        TunerError: the layout breaks a rule of the estimate.
-    """
+    the trial ``row``'s measurement and notes, and ``correctness``."""
     from cost_model.calibration import Calibration
     from tuner.cli._common import stored_run
     from tuner.report import export_context, runs_note, ties_note
@@ -63,10 +59,7 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
 def study_front(study: str | None, storage: str | None, results_dir: Path, output: tuple[str, Path | None, str], *,
                 force: bool) -> tuple[Any, Any, Any, Any, dict[str, Any], list[TrialRow], list[dict[str, Any]]]:
     """(study, model, cluster, workload, config, trial rows, front rows) of a study with a finished trial; ``output``
-    (option, path or None, its file name in a study's folder) is checked before the study is opened.
-
-    Raises:
-        TunerError: an output that would overwrite a study, a study that cannot be opened or has no finished trial."""
+    (option, path or None, its file name in a study's folder) is checked before the study is opened."""
     from cost_model.uncertainty import error_bars
     from tuner.report import front_rows
     from tuner.study import trial_rows

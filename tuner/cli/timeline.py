@@ -84,10 +84,7 @@ CompareOpt = Annotated[list[Path] | None, typer.Option("--compare", help=(
 @layout_options
 @run_options
 def timeline(
-    ctx: typer.Context,
-    layout: LayoutFlags,
-    run: RunChoice,
-    from_file: FromOpt = None,
+    ctx: typer.Context, layout: LayoutFlags, run: RunChoice, from_file: FromOpt = None,
     study: StudyOpt = None, trial: TrialOpt = None, storage: StorageOpt = None,
     results_dir: ResultsOpt = Path("results"),
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None,
@@ -160,11 +157,7 @@ def timeline(
 
 
 def _read_trace(path: Path) -> dict[str, Any]:
-    """A trace ``tune timeline`` wrote (for ``--compare``).
-
-    Raises:
-        TunerError: the file cannot be read, is not JSON, or is not such a trace.
-    """
+    """A trace ``tune timeline`` wrote (for ``--compare``); TunerError for any other file."""
     from cost_model.timeline import check_trace
 
     try:

@@ -116,8 +116,7 @@ def result_of(layout: Layout, m: Measurement, pred: Estimate, *, model: ModelSpe
         "peak_gib": _gib(m.peak_bytes), "headroom_gib": _gib(gpu.hbm_bytes - m.peak_bytes),
         "step_time_s": statistics.median(map(float, m.step_times_s)) if m.step_times_s else float("nan"),
         "mfu": mfu(model, tps, gpu.peak_flops_bf16, task),
-        "usd_per_million_tokens": cluster.usd_per_gpu_hour / (tps * 3600) * 1e6,
-        **prediction_of(pred),
+        "usd_per_million_tokens": cluster.usd_per_gpu_hour / (tps * 3600) * 1e6, **prediction_of(pred),
         "pred_model_tflops_per_gpu": pred.model_tflops_per_gpu,
     }
     if m.source == "measured":

@@ -251,14 +251,10 @@ def _recorded_yarn_details(spec: dict[str, Any], missing: frozenset[str] | set[s
 
 #: The command-line option (and its unit) of a resolved input, for messages.
 _OPTION_OF: dict[str, tuple[str, float, str]] = {
-    "inter_node_bytes_per_s": ("--network-gbps", 8e-9, "Gb/s per node"),
-    "gpus_per_node": ("--gpus-per-node", 1.0, ""),
-    "host_memory_gib": ("--host-memory-gib", 1.0, "GiB"),
-    "usd_per_gpu_hour": ("--usd-per-gpu-hour", 1.0, ""),
-    "memory_headroom": ("--memory-headroom", 1.0, ""),
-    "seq_length": ("--seq-len", 1.0, ""),
-    "global_batch_size": ("--global-batch", 1.0, ""),
-    "layers": ("--layers", 1.0, "decoder layers"),
+    "inter_node_bytes_per_s": ("--network-gbps", 8e-9, "Gb/s per node"), "gpus_per_node": ("--gpus-per-node", 1.0, ""),
+    "host_memory_gib": ("--host-memory-gib", 1.0, "GiB"), "usd_per_gpu_hour": ("--usd-per-gpu-hour", 1.0, ""),
+    "memory_headroom": ("--memory-headroom", 1.0, ""), "seq_length": ("--seq-len", 1.0, ""),
+    "global_batch_size": ("--global-batch", 1.0, ""), "layers": ("--layers", 1.0, "decoder layers"),
 }
 
 
