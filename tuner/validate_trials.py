@@ -7,6 +7,7 @@ unless ``--calibration`` names one for all.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -37,6 +38,7 @@ from specs.errors import InfeasibleLayout, TunerError, enum_member
 from specs.files import RepeatedKey, read_user_text, unique_keys
 from specs.layout import Layout
 from specs.model import slice_model
+from tuner.report import _positive as _pos
 from tuner.report import pooled_spread
 
 __all__ = ["NO_TE_CALIBRATION_FILE", "SweepRow", "TrialPrediction", "json_lines", "predict_trials", "read_trials",
@@ -178,11 +180,7 @@ def _options(d: dict[str, Any], te: bool) -> RunOptions:
     tev = _te_version(d)
     if tev is not None:
         kw["te_version"] = tev
-    return RunOptions(**{**_fields(base), **kw})
-
-
-def _fields(o: RunOptions) -> dict[str, Any]:
-    return {k: getattr(o, k) for k in o.__dataclass_fields__}
+    return dataclasses.replace(base, **kw)
 
 
 def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[int, str, Any]]:
@@ -304,10 +302,6 @@ def _read_row(d: dict[str, Any], where: str, label: str, source: str) -> SweepRo
                     extra={"ran_as": ran_as})
 
 
-def _pos(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-
-
 def predict_trials(rows: list[SweepRow], calibration: str | Path | None = None) -> list[TrialPrediction]:
     """Predict each row with the calibration of its stack (``calibration`` for all when given)."""
     cals: dict[bool, tuple[Calibration, str]] = {}
@@ -359,12 +353,9 @@ def _configuration(r: SweepRow) -> tuple[Any, ...]:
 
 
 def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
-    """How far separate runs of one configuration (model, GPUs, workload, layout, options, stack) spread.
-
-    ``spread``: the step times' pooled relative standard deviation (:func:`tuner.report.pooled_spread`) over the
-    configurations run more than once (None if none); ``noise_floor``: :data:`HALF_NORMAL_MEDIAN` x ``spread``, the
-    median |error| of a model exact on every mean; ``step_median_abs_error_of_means``: the predictions' against each
-    configuration's mean. A row equal to another's to the last digit is a copy, counted once (``identical_rows``)."""
+    """How far separate runs of one configuration spread: the step times' pooled relative SD
+    (:func:`tuner.report.pooled_spread`), :data:`HALF_NORMAL_MEDIAN` x that (the median |error| of a model exact on
+    every mean), the predictions' error against each mean; a row equal to another's to the last digit counts once."""
     groups: dict[tuple[Any, ...], list[TrialPrediction]] = {}
     measured: set[tuple[Any, ...]] = set()
     identical = 0

@@ -58,8 +58,6 @@ class JobOptions:
     layers: int | None = None
     """Slice the model to its first N decoder layers at full width (``--layers``); None = the whole model."""
     allow_config_args: bool = False
-    """Use the launch arguments a ``--model`` config.json's ``tuner`` section adds (``--allow-config-args``;
-    :func:`specs.load_model`); they are printed and recorded in the recipe."""
     baseline: dict[str, Any] | None = None
     """A layout (:meth:`specs.Layout.to_dict`) the run evaluates first when it is a candidate (``tune --from``: the
     launch file's own layout)."""
@@ -95,7 +93,6 @@ class WorkloadOptions:
     global_batch_size: int = 128
     precision: str = "bf16"
     task: str = "pretrain"
-    """``--task``: pretrain, sft or lora (:attr:`specs.Workload.task`)."""
     lora_rank: int = 32
     lora_target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
@@ -107,9 +104,7 @@ class SearchOptions:
     space: str | None = None
     calibration: str | None = None
     memory_headroom: float | None = None
-    """Fraction of HBM kept free (``--memory-headroom``): a fixed margin, the whole fit rule. None = the error bars'
-    rule (:mod:`cost_model.uncertainty`): a layout is a candidate unless even its optimistic memory is over the GPU,
-    and "may not fit" unless its pessimistic memory fits."""
+    """Fraction of HBM kept free, the whole fit rule; None = the error bars' rule (:mod:`cost_model.uncertainty`)."""
     trials: int | None = None
     """Layouts this run evaluates (None = :data:`DEFAULT_TRIALS`): measured, pruned or failed trials count, skipped
     proposals and confirmation runs do not."""
@@ -121,44 +116,26 @@ class TrialOptions:
     """Real trials and their policy (``tune --help``'s Trials options; the heartbeats of shared storage)."""
 
     trial_steps: int = 20
-    """Optimizer steps per real trial, warm-up included."""
     trial_warmup_steps: int | None = None
-    """Leading steps of a real trial left out of its median step time; None = half of
-    ``trial_steps``. On 2 x H200 (MiniMax-M2 slice, no TE) a trial's step time fell by
-    20-40% over its first ~10 steps before it settled
-    (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl), hence 10 of the default 20."""
+    """None = half of ``trial_steps``: on 2 x H200 a trial's step time fell by 20-40% over its first ~10 steps
+    (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl)."""
     trial_timeout_s: float = 900.0
-    """Wall-clock limit of one real trial, model build included (seconds)."""
     trial_profile_step: int | None = None
     """``local`` backend: profile this step (1 .. ``trial_steps``) of each trial with ``torch.profiler``, a Chrome
     trace per pipeline stage in the trial's folder (:attr:`HarnessSpec.profile_step`); None = no profiling."""
     prune_margin: float | None = 0.25
     """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
     command_template: str | None = None
-    """The launch template of the ``command`` backend (``--command-template FILE``)."""
     ray_address: str | None = None
-    """``--ray-address``: ``auto``, ``HOST:PORT`` or ``ray://...``; None starts a local Ray instance (``ray``
-    backend)."""
     parallel_trials: int = 1
-    """Trials run at once by this worker (``ray`` backend: each its own placement group)."""
     trial_env: tuple[str, ...] = ()
-    """``KEY=VALUE`` environment variables for every rank of a real trial (``ray`` backend)."""
     gpu_hours: float | None = None
-    """Real trials: the GPU-hours this run may spend (``--gpu-hours``); None = no limit but ``trials``."""
     policy: str = "gain"
-    """Real trials: ``gain`` (:class:`tuner.study.policy.GainPolicy`: expected gain per GPU-hour, a stopping rule)
-    or ``queue`` (the predicted front and fastest first, then NSGA-II, for ``trials`` layouts)."""
     stop_confidence: float = _DEFAULT_STOP_CONFIDENCE
-    """Real trials, ``gain`` policy: stop when no untried layout may beat the best by more than ``stop_gain``
-    with this probability's complement."""
     stop_gain: float = _DEFAULT_STOP_GAIN
-    """Real trials, ``gain`` policy: the gain the stopping rule looks for (a fraction of the best's throughput)."""
     recalibrate_after: int = _DEFAULT_RECALIBRATE_AFTER
-    """Real trials: refit the cost model to the measurements after every this many measured trials and
-    re-rank the candidates not yet run (0 = never; the queue is then fixed at the start)."""
     confirm_runs: int = 0
-    """Real trials: after the search, measure the finalists (:func:`tuner.report.measured_ties`) until each has
-    this many more runs, runs from earlier included (0 = no confirmation)."""
+    """Confirmation runs per finalist (:func:`tuner.report.measured_ties`), those from earlier included."""
     heartbeat_interval_s: int = 60
     """Real trials with ``--storage``: seconds between heartbeats (``heartbeat_interval``)."""
     heartbeat_grace_s: int = 180

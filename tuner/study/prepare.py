@@ -53,20 +53,17 @@ class Prepared:
     estimates: EstimateTable
     """Estimates of every valid layout (rows of ``enumeration.valid``)."""
     fits: np.ndarray
-    """The candidates: valid layouts not surely over the GPU's memory (even at the low end of their memory interval;
-    with ``--memory-headroom``, those that fit with that margin) nor over the host's."""
+    """The candidates: valid layouts not surely over the GPU's memory (or ``--memory-headroom``'s) nor the host's."""
     front: np.ndarray
     """Indices (into the valid table) of the predicted Pareto front among fitting layouts."""
     enumerate_seconds: float
     estimate_seconds: float
     options: RunOptions = DEFAULT_RUN_OPTIONS
-    """The run options the estimates assumed (the stack preset and run flags, or the harness's stack; the megatron-core
-    release)."""
+    """The run options the estimates assumed."""
     stack: Any = None
     """The :class:`specs.stacks.StackRun` of the run (the preset, the flags over it)."""
     baseline_row: int | None = None
-    """Row of the valid table that is ``config.job.baseline`` (None: no baseline, or it breaks a rule or is not in the
-    space)."""
+    """Row of the valid table that is ``config.job.baseline``, if any."""
     n_over_host: int = 0
     """Layouts that fit in GPU memory but are predicted over ``--host-memory-gib`` per node (refused)."""
     bars: ErrorBars | None = None
@@ -81,8 +78,7 @@ class Prepared:
 
     @property
     def contenders(self) -> np.ndarray:
-        """Candidates not surely slower than the best: their optimistic throughput reaches the pessimistic throughput
-        of the fastest candidate that surely fits (all candidates when none surely fits or there are no bars)."""
+        """Candidates whose optimistic throughput reaches the pessimistic one of the fastest that surely fits."""
         sure = self.surely_fits
         if self.bars is None or not sure.any():
             return self.fits
@@ -223,8 +219,7 @@ def global_batch_notes(global_batch_size: int, num_gpus: int, dp: int, micro_bat
 
 def _with_baseline(en: Enumeration, baseline: dict[str, Any], model: ModelSpec, workload: Workload,
                    env: RuleEnv) -> Enumeration:
-    """``en`` with the user's launch layout (``tune --from``) appended to its valid layouts when the space does not hold
-    it and it breaks no rule, so that it is estimated and evaluated like every candidate (a note says so)."""
+    """``en`` with the user's launch layout (``tune --from``) added to its valid layouts if missing and valid."""
     if _baseline_row(en.valid, baseline) is not None:
         return en
     lay = Layout.from_dict(baseline)
@@ -236,8 +231,7 @@ def _with_baseline(en: Enumeration, baseline: dict[str, Any], model: ModelSpec, 
 
 
 def _baseline_row(valid: Any, baseline: dict[str, Any] | None) -> int | None:
-    """The row of ``valid`` (a :class:`specs.LayoutTable`) equal to the layout ``baseline`` (its ``to_dict``), or
-    None."""
+    """The row of ``valid`` equal to the layout ``baseline`` (its ``to_dict``), or None."""
     if baseline is None or len(valid) == 0:
         return None
     want = Layout.from_dict(baseline).key()

@@ -95,19 +95,12 @@ class _Counts:
 
 
 class StudyRun:
-    """One run of a study. Build it with the prepared candidates, then :meth:`run` it once.
+    """One run of a study; :meth:`run` it once. ``on_trial`` is called with (0, total) when trials start, then with
+    (done, total) after every evaluated layout; ``backend`` overrides ``--backend`` (tests).
 
-    Lock discipline: Optuna runs real trials in threads with ``--parallel-trials`` (``n_jobs``) and calls
-    :meth:`objective` and :meth:`after_trial` from them. Every attribute under "shared" below is read and
-    written only with ``self._lock`` held, through the methods here; nothing else is written after
-    :meth:`run` has set it up. Storage calls are made without the lock, except the claim of a layout (read
-    the study, then mark the layout taken) and the queue's refill, which must be atomic among the threads.
-
-    Args:
-        prep: the candidates (:func:`tuner.study.prepare.prepare`).
-        on_trial: called with (0, total) when the study is open and trials start, then after every evaluated
-            layout with (done, total), e.g. to move a progress bar.
-        backend: overrides ``prep.config.search.backend`` (tests).
+    Optuna calls :meth:`objective` and :meth:`after_trial` from ``--parallel-trials`` threads: the attributes under
+    "shared" are read and written only with ``self._lock`` held; storage calls are made without it, except the claim
+    of a layout and the queue's refill.
     """
 
     def __init__(self, prep: Prepared, *, on_trial: Callable[[int, int], None] | None = None,
@@ -154,13 +147,8 @@ class StudyRun:
     # ---- the run ---------------------------------------------------------------------------------------
 
     def run(self) -> TuneResult:
-        """Open the study, evaluate layouts, confirm the finalists (real trials, ``--confirm-runs``).
-
-        Raises:
-            TunerError: the study exists with different inputs, the storage URL is bad, the backend cannot
-                be opened, or the Ray cluster has fewer GPUs than ``--gpus``.
-            KeyboardInterrupt: Ctrl-C (finished trials are kept; the one cut off is run again on resume).
-        """
+        """Open the study, evaluate layouts, confirm the finalists (``--confirm-runs``); on Ctrl-C the finished
+        trials are kept and the one cut off is run again on resume."""
         self.backend = self._open_backend()
         report_only = self._open()
         # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
@@ -286,14 +274,9 @@ class StudyRun:
         raise KeyboardInterrupt
 
     def _fail_leftovers(self, trials: Sequence[optuna.trial.FrozenTrial]) -> None:
-        """Fail the RUNNING trials no worker runs any more, marked ``interrupted`` so their layouts are run again.
-
-        The default storage is this study's own SQLite file, driven by one ``tune`` process at a time: a trial
-        still RUNNING there was cut off by an interrupt. With ``--storage`` other workers may be running their
-        trials now: those of real trials are failed by Optuna's heartbeat (:class:`Heartbeat`) once stale; a
-        predicted trial takes milliseconds, so one RUNNING for longer than the grace period belongs to a
-        worker that stopped.
-        """
+        """Fail the RUNNING trials no worker runs any more, marked ``interrupted`` so their layouts are run again: all
+        on the default storage (one process at a time); with ``--storage`` predicted ones older than the grace period
+        (real trials: Optuna's heartbeat)."""
         running = [t for t in trials if t.state == TrialState.RUNNING]
         if self.cfg.store.storage:
             if self.backend.measured:

@@ -139,12 +139,8 @@ def _first_bad_journal_line(url: str, path: Path) -> int | None:
 
 def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None = None) -> Any:
     """An Optuna storage for an RDB URL or ``journal:PATH`` (Optuna's ``JournalFileBackend``). Without ``heartbeat``
-    an RDB URL is returned as is; with it, a storage with Optuna's heartbeat (:class:`Heartbeat`).
-
-    Raises:
-        TunerError: a journal without a path or that cannot be opened.
-        ValueError, ImportError: (with ``heartbeat``) a malformed RDB URL, or its database driver missing.
-    """
+    an RDB URL is returned as is; with it, a storage with Optuna's heartbeat (ValueError, ImportError: a malformed
+    URL or a missing driver)."""
     from tuner.study import _optuna
 
     if url.startswith("journal:"):
