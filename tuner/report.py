@@ -47,8 +47,7 @@ def pipeline_layout_of(layout: Layout, model: ModelSpec) -> str:
 
 def pick_trial_row(study_name: str, rows: list[TrialRow], model: ModelSpec, trial: int | None, purpose: str,
                    best: int | None = None) -> TrialRow:
-    """The finished trial ``trial`` of ``rows``; when None, ``best`` (:data:`BEST_TRIAL_ATTR`) if it is finished, else
-    the fastest on the front (TunerError: none, or ``trial`` is not one)."""
+    """The finished trial ``trial`` of ``rows``; when None, ``best`` if finished, else the fastest."""
     from specs.errors import TunerError
 
     if trial is None and best is not None and any(r.trial == best for r in rows):
@@ -67,8 +66,7 @@ def pick_trial_row(study_name: str, rows: list[TrialRow], model: ModelSpec, tria
 
 
 def _intervals(r: TrialRow, bars: ErrorBars | None, hbm_gib: float | None) -> dict[str, Any]:
-    """A trial's 90% intervals (tokens/s/GPU and peak GiB) and whether it fits: a prediction's from the error bars,
-    a measurement's from the run-to-run spread over its runs."""
+    """A trial's 90% intervals and fit: a prediction's from the error bars, a measurement's from its runs."""
     from tuner.study.policy import RUN_SIGMA  # measured: its mean times exp(+-Z90 * RUN_SIGMA / sqrt(runs))
 
     tps, peak, nan = r.tokens_per_s_per_gpu, r.peak_gib, float("nan")
@@ -86,8 +84,7 @@ def _intervals(r: TrialRow, bars: ErrorBars | None, hbm_gib: float | None) -> di
 
 def front_rows(rows: list[TrialRow], model: ModelSpec, bars: ErrorBars | None = None,
                hbm_gib: float | None = None) -> list[dict[str, Any]]:
-    """The Pareto-optimal trials (max tokens/s/GPU, min peak memory), fastest first, as table rows, each with its 90%
-    intervals and whether it fits (``bars``: the study's error bars; ``hbm_gib``: the GPU's memory)."""
+    """The Pareto-optimal trials, fastest first, as table rows with their 90% intervals and fit."""
     if not rows:
         return []
     keep = pareto_mask(np.array([r.tokens_per_s_per_gpu for r in rows]), np.array([r.peak_gib for r in rows]))
@@ -162,8 +159,7 @@ def pooled_spread(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]
 
 
 def between_run_noise(rows: list[TrialRow]) -> float | None:
-    """The spread between runs of one layout, pooled over the measured rows run more than once (``--confirm-runs``):
-    :func:`pooled_spread` of each row's run throughputs. A fraction; None when no row has two runs."""
+    """:func:`pooled_spread` of the measured rows' run throughputs (a fraction), or None."""
     return pooled_spread([_runs(r) if r.source == "measured" else [] for r in rows])[0]
 
 
@@ -222,8 +218,7 @@ PREDICTED_TIE = 0.01
 
 def predicted_ties(rows: list[TrialRow], best_trial: int,
                    within: float = PREDICTED_TIE) -> list[tuple[TrialRow, float]]:
-    """Predicted trials within ``within`` (a fraction) of predicted trial ``best_trial``'s throughput, fastest first,
-    each with its gap (best's - its) / best's."""
+    """Predicted trials within ``within`` of predicted trial ``best_trial``, each with its gap."""
     best = next((r for r in rows if r.trial == best_trial), None)
     if best is None or best.source != "predicted" or not _positive(best.tokens_per_s_per_gpu):
         return []
@@ -240,8 +235,7 @@ def predicted_ties(rows: list[TrialRow], best_trial: int,
 
 
 def predicted_ties_text(rows: list[TrialRow], best_trial: int) -> str | None:
-    """One sentence naming the predicted trials within :data:`PREDICTED_TIE` of ``best_trial`` (at most 3), or None;
-    those predicted not to fit (``headroom_gib`` < 0) are left out and counted."""
+    """One sentence naming the fitting predicted trials within :data:`PREDICTED_TIE`, or None."""
     ties = predicted_ties(rows, best_trial)
     fit = [(t, gap) for t, gap in ties if not t.headroom_gib < 0]
     over = len(ties) - len(fit)
@@ -259,8 +253,7 @@ def predicted_ties_text(rows: list[TrialRow], best_trial: int) -> str | None:
 
 
 def ties_note(rows: list[TrialRow], trial: int) -> list[str]:
-    """A recipe note naming the measured trials within noise of ``trial`` (:func:`measured_ties`), or, for a predicted
-    ``trial``, the predicted ones within :data:`PREDICTED_TIE` (:func:`predicted_ties_text`); ``[]`` when none."""
+    """A recipe note naming the trials tied with ``trial`` (measured or predicted), or ``[]``."""
     pred = predicted_ties_text(rows, trial)
     if pred is not None:
         return [pred[0].upper() + pred[1:] + "."]
@@ -279,8 +272,7 @@ def ties_note(rows: list[TrialRow], trial: int) -> list[str]:
 
 
 def runs_summary(row: TrialRow) -> str | None:
-    """``3 runs: 37,065, 41,577, 39,100 tokens/s/GPU (SD 5.8%); 1 more ran out of memory (150.0 GiB)``, for a
-    row with confirmation runs (``--confirm-runs``, :func:`tuner.study.trial_rows`), else None."""
+    """``3 runs: 37,065, 41,577, 39,100 tokens/s/GPU (SD 5.8%); ...`` for confirmed rows, else None."""
     runs, failed = row.runs_tokens_per_s_per_gpu, row.runs_failed
     if len(runs) < 2 and not failed:
         return None
@@ -333,9 +325,8 @@ _TRIAL_PT = 12  # ... of an evaluated trial
 def _place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str],
                   avoid: Sequence[tuple[float, float, float]],
                   *, lines: Sequence[Any] = (), bold: int | None = 0) -> list[Any]:
-    """Annotate ``points`` with ``texts``, each at the first offset of :data:`_LABEL_RADII` x :data:`_LABEL_ANGLES`
-    whose box stays in the axes and meets no placed label, marker of ``avoid`` ((x, y, points**2)) or line of
-    ``lines``, else the least-overlapping one."""
+    """Annotate ``points`` with ``texts`` at the first offset (:data:`_LABEL_RADII` x :data:`_LABEL_ANGLES`) inside
+    the axes that meets no placed label, marker of ``avoid`` or line of ``lines``, else the least-overlapping one."""
     from matplotlib import patheffects
     from matplotlib.text import Text
 
@@ -397,9 +388,8 @@ def _overlap(a: Any, b: Any) -> float:
 
 def front_figure(rows: list[TrialRow], front: list[dict[str, Any]], title: str, usable_gib: float,
                  labelled: list[dict[str, Any]] | None = None) -> tuple[Any, list[Any]]:
-    """(figure, trial-number labels) of :func:`plot_front`: every trial of ``rows`` and the ``front`` (peak GiB vs
-    tokens/s/GPU), ``usable_gib`` a dashed line, the trial number next to each row of ``labelled`` (default: the first
-    15 of ``front``)."""
+    """(figure, trial-number labels) of :func:`plot_front`: every trial, the ``front``, ``usable_gib`` dashed, the
+    trial numbers of ``labelled`` (default: the first 15 of ``front``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -482,8 +472,7 @@ def export_context(model: ModelSpec, cluster: Cluster, workload: Workload, layou
 
 def export_files(out_dir: Path, model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout,
                  **context: Any) -> dict[str, Path]:
-    """Write every format the main job exports for ``layout`` into ``out_dir`` (``context`` as :func:`export_context`
-    takes it), all rendered before any is written; the paths by format name."""
+    """Write every format the main job exports for ``layout``; the paths by format name."""
     from launch.exporters import main_job_exporters
 
     ctx = export_context(model, cluster, workload, layout, **context)

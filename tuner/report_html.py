@@ -85,8 +85,7 @@ def _row(r: TrialRow) -> dict[str, Any]:
 
 
 def _near_best(rows: Sequence[dict[str, Any]], band: float) -> list[dict[str, Any]]:
-    """Rows within ``band`` of the fastest tokens/s/GPU, most headroom first (the page's table; its script does the
-    same)."""
+    """Rows within ``band`` of the fastest, most headroom first (the page's script does the same)."""
     ok = [r for r in rows if r["tps"] is not None and r["peak"] is not None]
     if not ok:
         return []
@@ -106,8 +105,7 @@ def _trace(name: str, rs: Sequence[dict[str, Any]], marker: dict[str, Any], *, p
 
 def _front_figure(rows: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]], usable_gib: float,
                   kind: str) -> dict[str, Any]:
-    """The front's figure spec: every trial, the front as a staircase, the fastest as a star, the predictions of
-    measured trials."""
+    """The front's figure spec: every trial, the front, the fastest, measured trials' predictions."""
     pts = [r for r in rows if r["tps"] is not None and r["peak"] is not None]
     f = sorted(front, key=lambda r: r["peak"])
     data = [_trace("evaluated trials", pts, {"color": "#9aa5b1", "size": 7}),
@@ -351,8 +349,7 @@ def render_report(*, study: str, heading: str, rows: Sequence[TrialRow], front: 
 
 
 def _front_body(front_d: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
-    """The rows of the front's table: the page's rows ``front_d`` with the intervals and fit of
-    :func:`tuner.report.front_rows`."""
+    """The front's table rows: ``front_d`` with :func:`tuner.report.front_rows`' intervals and fit."""
     bands = {int(f["trial"]): f for f in front}
 
     def band(t: int) -> str:
@@ -395,8 +392,7 @@ def study_report(path: Path, *, study: str, model: Any, cluster: Any, workload: 
                  front: Sequence[Mapping[str, Any]], backend: str, calibration: Any = None,
                  memory_headroom: float = DEFAULT_MEMORY_HEADROOM, files: Mapping[str, Path] | None = None,
                  force: bool = False) -> Path:
-    """Write a study's ``report.html`` and return its path: the front layouts' breakdowns as the study estimates them,
-    the measured ties of the fastest measured trial, and ``files`` (name -> path) linked relative to the page."""
+    """Write a study's ``report.html`` and return its path."""
     import os
 
     from cost_model.calibration import DEFAULT_CALIBRATION

@@ -131,8 +131,7 @@ TE_ABSENT = ("", "not installed", "None")
 
 
 def _te_version(d: dict[str, Any]) -> str | None:
-    """The row's Transformer Engine release as "MAJOR.MINOR" ("2.20rc1": "2.20"), or None when it ran without TE
-    (ValueError: not a version string)."""
+    """The row's TE release as "MAJOR.MINOR", or None when it ran without TE."""
     v = (d.get("versions") or {}).get("transformer_engine")
     if v is None or (isinstance(v, str) and v.strip() in TE_ABSENT):
         return None
@@ -184,8 +183,7 @@ def _options(d: dict[str, Any], te: bool) -> RunOptions:
 
 
 def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[int, str, Any]]:
-    """``(line number, "LABEL, line N", value)`` of each non-blank line of a JSON-lines file; ``expected`` ends the
-    message (TunerError) about an unreadable file or a line that is not JSON or repeats a key."""
+    """``(line number, "LABEL, line N", value)`` of each non-blank line of a JSON-lines file."""
     lines = read_user_text(path, label, expected).splitlines()
     for i, line in enumerate(lines, start=1):
         if not line.strip():
@@ -208,8 +206,7 @@ _RAN_MODEL_FIELDS = (("num_layers", "num_layers"), ("hidden_size", "hidden_size"
 
 
 def _check_ran_model(d: dict[str, Any], model: ModelSpec, where: str) -> None:
-    """Refuse (TunerError) a row whose ``model`` is not the model its ``run_options.transformer`` says megatron-core
-    built, or that ran fp8 without a ``precision`` field (bf16)."""
+    """Refuse (TunerError) a row whose model is not the one megatron-core built, or fp8 without a precision."""
     ran = (d.get("run_options") or {}).get("transformer")
     if ran is None:
         return
@@ -339,16 +336,14 @@ TIMING_SETTINGS = ("moe_permute_fusion", "megatron_fusions", "profile_step")
 
 
 def _timing_settings(d: dict[str, Any]) -> tuple[bool, ...]:
-    """Whether each of :data:`TIMING_SETTINGS` was on in row ``d`` (its ``options``, ``run_options.harness`` or
-    ``run_options.transformer``; absent, false and null read as off)."""
+    """Whether each of :data:`TIMING_SETTINGS` was on in row ``d``."""
     ro: dict[str, Any] = d["run_options"] if isinstance(d.get("run_options"), dict) else {}
     where = [x for x in (d.get("options"), ro.get("harness"), ro.get("transformer")) if isinstance(x, dict)]
     return tuple(any(w.get(k) not in (None, False, 0) for w in where) for k in TIMING_SETTINGS)
 
 
 def _configuration(r: SweepRow) -> tuple[Any, ...]:
-    """What ran, without where it was written: two rows with the same key are runs of one layout (the GPUs as parsed,
-    so ``1xh200`` and ``1xH200`` are one machine; the harness settings of :data:`TIMING_SETTINGS` apart)."""
+    """What ran: rows with the same key are runs of one configuration."""
     return (r.model, r.extra.get("ran_as", r.gpus), r.workload, r.layout, r.options, r.transformer_engine)
 
 
@@ -379,8 +374,7 @@ def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
 
 
 def summarize_trials(preds: list[TrialPrediction]) -> dict[str, Any]:
-    """Median and max |error| of step time and of peak memory (against the reserved peak), Spearman of step time,
-    over all rows and per stack (``te`` / ``no_te``)."""
+    """Median and max |error| of step time and peak memory, Spearman, over all rows and per stack."""
 
     def one(ps: list[TrialPrediction]) -> dict[str, Any]:
         if not ps:

@@ -55,8 +55,7 @@ def _pct(x: float) -> str:
 def _read(data: list[Path]) -> tuple[list[Any], list[Any]]:
     from cost_model.validate import read_runs
 
-    runs, problems = read_runs([str(p) for p in data])
-    return runs, problems
+    return read_runs([str(p) for p in data])
 
 
 def _published_json(preds: list[Any], runs: list[Any], problems: list[Any], calibration: Path | None) -> dict[str, Any]:
@@ -105,8 +104,7 @@ def _trial_bands(p: Any) -> dict[str, Any]:
 
 
 def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: bool) -> dict[str, Any]:
-    """``--trials``: predict each finished sweep row with its stack's calibration; print (or return) rows and
-    summary."""
+    """``--trials``: predict each sweep row with its stack's calibration; print (or return) them."""
     from tuner.validate_trials import predict_trials, read_trials, summarize_trials
 
     trows, skipped = read_trials([str(t) for t in trials])
@@ -153,8 +151,8 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
                       "-" if not math.isfinite(v["step_spearman"]) else f"{v['step_spearman']:+.2f}",
                       f"{v['memory_median_abs_error'] * 100:.1f}%", f"{v['memory_max_abs_error'] * 100:.1f}%"])
     out.print(fitted_table([Col("stack"), Col("rows", "right"), Col("step median", "right"), Col("step max", "right"),
-                            Col("Spearman", "right"),
-                            Col("memory median", "right"), Col("memory max", "right")], srows))
+                            Col("Spearman", "right"), Col("memory median", "right"), Col("memory max", "right")],
+                           srows))
     sp = summ["run_spread"]
 
     def n(k: int, what: str) -> str:
@@ -172,8 +170,7 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
     else:
         say("run-to-run spread: no configuration ran twice in these files "
             f"({n(sp['configurations'], 'configuration')}): the step errors above include the machine's run-to-run "
-            f"spread, which these rows cannot measure{copies}",
-            indent=0, hang=2, markup=False)
+            f"spread, which these rows cannot measure{copies}", indent=0, hang=2, markup=False)
     return data
 
 
@@ -267,8 +264,7 @@ def validate(
 
 
 def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[tuple[Any, TrialRow]]:
-    """Measured trials of a study made by ``tune``: each as a run (the study's model, cluster and workload) and its
-    row."""
+    """Measured trials of a study, each as a run (the study's model, cluster, workload) and its row."""
     from cost_model.validate import Run
     from tuner.study import trial_rows
 
@@ -290,8 +286,7 @@ def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[tupl
 
 
 def _study_observations(study: str, storage: str | None, results_dir: Path) -> tuple[list[Any], list[str]]:
-    """Measured trials of a study as observations (step time, peak reserved memory) and their notes
-    (the software stack the trials ran on, e.g. no Transformer Engine)."""
+    """Measured trials of a study as observations, and their notes on the stack they ran on."""
     from cost_model.calibrate import Observation
 
     obs, notes = [], []
@@ -308,8 +303,7 @@ def _study_observations(study: str, storage: str | None, results_dir: Path) -> t
 
 
 def _check_writable(path: Path, force: bool) -> None:
-    """Raise TunerError now if ``path`` cannot be written (the fit would otherwise be lost), is a study's own file, or
-    holds another kind of file than the calibration YAML (its first line, ``provenance:``)."""
+    """Raise TunerError now (not after the fit) if ``--out`` cannot or must not be written."""
     import os
 
     from specs.files import refuse_another_kind
@@ -423,8 +417,7 @@ def calibrate(
 
 def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_file: Path, start: Any,
                      calibration: Path | None, max_nfev: int, force: bool) -> None:
-    """``tune calibrate --study NAME`` alone: step-time constants to the measured step times and
-    memory constants to the measured peak (reserved) memory of the study's trials."""
+    """``tune calibrate --study NAME`` alone: fit to the study's measured step times and peaks."""
     import numpy as np
 
     from cost_model.calibrate import TRIAL_STEP_NAMES, fit_observations, predict_observations

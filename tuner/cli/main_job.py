@@ -165,8 +165,7 @@ def main_job(
 
 
 def _tune_config(a: dict[str, Any]) -> Any:
-    """The :class:`tuner.study.TuneConfig` of :func:`main_job`'s arguments ``a``: each option group of the options
-    named as its fields, and the rest converted."""
+    """The :class:`tuner.study.TuneConfig` of :func:`main_job`'s arguments ``a``."""
     from tuner.study import config as c
 
     def group(kind: Any, **kw: Any) -> Any:
@@ -301,8 +300,7 @@ def _run_with_progress(prep: Any, cfg: Any, state: CliState) -> Any:
 
 def _choose_best(res: Any, rows: list[TrialRow], prep: Any, cfg: Any) -> tuple[list[dict[str, Any]],
                                                                                      dict[str, Any], list[Any]]:
-    """The Pareto front, the best row (the gain policy's choice when it stopped by its rule) and the rows tied with it;
-    the best trial is recorded in the study."""
+    """The Pareto front, the best row (recorded in the study) and the rows tied with it."""
     from tuner.report import BEST_TRIAL_ATTR, front_rows, pick_best
     from tuner.study.run import POLICY_BEST_ATTR
 
@@ -327,8 +325,7 @@ def _choose_best(res: Any, rows: list[TrialRow], prep: Any, cfg: Any) -> tuple[l
 
 def _write_results(res: Any, prep: Any, cfg: Any, rows: list[TrialRow], front: list[dict[str, Any]],
                    best: dict[str, Any], *, top: int, png: bool) -> tuple[dict[str, Path], str]:
-    """Write ``pareto.csv``, the plot (``png``), the exported recipe files and ``report.html`` in the study's folder;
-    the files written and a note when the report was left out."""
+    """Write the study folder's outputs; the files written and a note when the report was left out."""
     from tuner.report import export_files, plot_front, write_pareto_csv
     from tuner.study import _mask
 
@@ -375,8 +372,7 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[TrialRow], front: l
 
 
 def _study_counts(res: Any, evaluated: int, measured: bool) -> str:
-    """``Study NAME: 102,561 layouts evaluated in total (2,000 now; ...)``: ``evaluated`` in the study, ``res``'s
-    counts of this run (pruned, failed and GPU-hours where a backend ran trials)."""
+    """``Study NAME: 102,561 layouts evaluated in total (2,000 now; ...)``."""
     ran = (f"; {res.pruned_now:,} pruned, {res.failed_now:,} failed; {res.gpu_hours_now:,.1f} GPU-hours"
            if measured else "")
     return f"Study {escape(res.study_name)}: {evaluated:,} layouts evaluated in total ({res.evaluated_now:,} now{ran})"
@@ -465,8 +461,7 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[Tr
 
 
 def _real_trial_args(argv: tuple[str, ...], prep: Any, cfg: Any) -> list[str]:
-    """The user's arguments for the same job with real trials: without the output flags, --trials (the policy and the
-    budget decide) and --study (real trials go to a study of their own)."""
+    """The user's arguments for the same job with real trials (no output flags, --trials, --study)."""
     args = _drop_args(argv, {"--trials", "--study", "--top"}, ("-v", "--verbose", "--png"))
     return args or ["--model", prep.model.name, "--gpus", cfg.job.gpus]
 
@@ -501,16 +496,14 @@ def _print_space(prep: Any, cfg: Any) -> None:
     say(f"Valid: {fmt_int(prep.n_valid)}; "
         f"not fitting ({rule}): {fmt_int(prep.n_valid - prep.n_fit - prep.n_over_host)}; "
         f"over host memory: {fmt_int(prep.n_over_host)}; candidates: {fmt_int(prep.n_fit)}, "
-        f"of which surely slower than the best: {fmt_int(int((prep.fits & ~prep.contenders).sum()))}",
-        indent=0, hang=2)
+        f"of which surely slower than the best: {fmt_int(int((prep.fits & ~prep.contenders).sum()))}", indent=0, hang=2)
     for note in en.notes:
         say(note, label="note:", indent=0, markup=False)
     out.print(f"(enumerated and checked in {prep.enumerate_seconds:.2f} s, estimated in {prep.estimate_seconds:.2f} s)")
 
 
 def _print_best(best: dict[str, Any], tied: list[dict[str, Any]], pls: str, hbm_gib: float, moe: bool) -> None:
-    """The result block: the layout, its throughput and memory with their 90% intervals, the layout string, ties
-    (the token dispatcher only for a MoE model)."""
+    """The result block: the layout, its numbers with their 90% intervals, the layout string, ties."""
     src = best["source"]
     out.print(f"[bold green]Best layout[/] ({src}, trial {best['trial']}): [bold]{best['label']}[/]")
     dispatcher = f"{best['dispatcher']}, " if moe else ""

@@ -177,9 +177,8 @@ def _flags_layout(layout: LayoutFlags, model: str | None, gpus: str | None, laye
                   usd: float | None, seq_len: int, global_batch: int, precision: str, calibration: Path | None,
                   memory_headroom: float | None, network: str | None = None, megatron_core: str | None = None,
                   run: RunChoice | None = None) -> tuple[Any, str, str]:
-    """(estimate details, title, the stack's line) of the layout the flags give, with the run options of ``run`` (None:
-    the default stack's); refused as ``tune estimate`` refuses it (the network's and the megatron-core release's rules
-    included)."""
+    """(estimate details, title, the stack's line) of the layout the flags give, with the run options of ``run``;
+    refused as ``tune estimate`` refuses it."""
     from cost_model.calibration import load_calibration
     from cost_model.estimate import estimate_details
     from specs.stacks import RunFlags

@@ -58,8 +58,7 @@ def _label(dim: str, layout: Layout) -> str:
 
 
 def _dense_codes(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """``np.unique(a, return_index=True, return_inverse=True)`` as (inverse, first index, count) in O(n) with a
-    lookup table; None when the range is too wide for one."""
+    """``np.unique``'s (inverse, first index, count) by a lookup table; None for a wide range."""
     lo, hi = int(a.min()), int(a.max())
     if hi - lo >= _DENSE_RANGE:
         return None
@@ -84,8 +83,7 @@ def _unique(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def _column_codes(table: LayoutTable, name: str) -> tuple[np.ndarray, int]:
-    """Each row's code in a LayoutTable column and the number of codes (the column's distinct values in the order
-    ``np.unique`` sorts numbers and :func:`specs.layout.categories` orders strings)."""
+    """Each row's code in a LayoutTable column, and the number of codes."""
     if name not in table.cats:
         col = table[name]
         if col.dtype.kind in "biu":
@@ -123,8 +121,7 @@ _FEW_CATEGORIES = 256
 
 
 def _dimension_codes(table: LayoutTable, cols: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, int]:
-    """:func:`_row_codes` of a search dimension; columns that share one category code array are coded among each
-    category's first row and spread to the rows by their code."""
+    """:func:`_row_codes` of a search dimension, coded per category when its columns share one."""
     shared = {id(table.cols[c]) for c in cols}
     codes = table.cols[cols[0]]
     if (len(shared) > 1 or any(c not in table.cats for c in cols) or not len(table)
@@ -143,8 +140,7 @@ def _dimension_codes(table: LayoutTable, cols: tuple[str, ...]) -> tuple[np.ndar
 
 
 class CandidateIndex:
-    """Maps search-dimension labels (Optuna's categorical choices) to rows of the valid layout table: a row's code is
-    the mixed-radix number of its dimension codes, looked up by binary search."""
+    """Maps search-dimension labels to rows of the valid table (mixed-radix codes, binary search)."""
 
     def __init__(self, valid: LayoutTable, fits: np.ndarray) -> None:
         self.valid = valid
@@ -283,8 +279,7 @@ class CandidateQueue:
         return None
 
     def next_unevaluated(self, exclude: set[str]) -> int | None:
-        """The fastest predicted candidate not in ``exclude`` (which only grows) nor refused; None when the space ran
-        out. A cursor walks the candidates by predicted tokens/s once."""
+        """The fastest predicted candidate not in ``exclude`` nor refused; None when the space ran out."""
         if self._by_speed is None:
             fit_idx = np.flatnonzero(self.prep.fits)
             self._by_speed = fit_idx[np.argsort(-self.prep.estimates.tokens_per_s_per_gpu[fit_idx], kind="stable")]
@@ -297,8 +292,7 @@ class CandidateQueue:
         return None
 
     def recalibrate(self, study: optuna.Study) -> None:
-        """After every ``K`` measured trials: refit the constants (:func:`cost_model.calibrate.fit_observations`),
-        re-rank :attr:`rest` and record the fit, or its failure, in the study (``recalibrations``)."""
+        """Every ``K`` measured trials: refit, re-rank :attr:`rest`, record it (``recalibrations``)."""
         from cost_model.calibrate import Observation, fit_observations
 
         measured = []

@@ -59,13 +59,11 @@ class JobOptions:
     """Slice the model to its first N decoder layers at full width (``--layers``); None = the whole model."""
     allow_config_args: bool = False
     baseline: dict[str, Any] | None = None
-    """A layout (:meth:`specs.Layout.to_dict`) the run evaluates first when it is a candidate (``tune --from``: the
-    launch file's own layout)."""
+    """A layout (:meth:`specs.Layout.to_dict`) evaluated first (``tune --from``: the launch's own)."""
     user_args: tuple[str, ...] = ()
     """The launch file's own arguments that the exported commands keep (``tune --from``)."""
     bridge_yaml: str = ""
-    """The text of a ``tune --from`` Megatron-Bridge YAML, which the ``bridge`` export writes the layout into; ""
-    when the launch was none."""
+    """A ``tune --from`` Megatron-Bridge YAML's text, which the ``bridge`` export writes into."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,8 +74,7 @@ class ClusterOptions:
     network_gbps: float | None = None
     """Per-node network bandwidth in Gb/s, over the fabric's."""
     network: str | None = None
-    """The scale-out fabric (``--network``, :func:`specs.load_network`); None = the GPU's server type's default
-    (H200: AWS p5en's EFA v3, the seed's cluster)."""
+    """The scale-out fabric (:func:`specs.load_network`); None = the GPU's server type's default."""
     megatron_core: str | None = None
     """megatron-core release whose rules apply (``--megatron-core``); None = the newest the project knows."""
     host_memory_gib: float | None = None
@@ -106,8 +103,7 @@ class SearchOptions:
     memory_headroom: float | None = None
     """Fraction of HBM kept free, the whole fit rule; None = the error bars' rule (:mod:`cost_model.uncertainty`)."""
     trials: int | None = None
-    """Layouts this run evaluates (None = :data:`DEFAULT_TRIALS`): measured, pruned or failed trials count, skipped
-    proposals and confirmation runs do not."""
+    """Layouts this run evaluates (None = :data:`DEFAULT_TRIALS`); skips and confirmations are extra."""
     backend: str = "model"
 
 
@@ -117,12 +113,10 @@ class TrialOptions:
 
     trial_steps: int = 20
     trial_warmup_steps: int | None = None
-    """None = half of ``trial_steps``: on 2 x H200 a trial's step time fell by 20-40% over its first ~10 steps
-    (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl)."""
+    """None = half of ``trial_steps`` (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl)."""
     trial_timeout_s: float = 900.0
     trial_profile_step: int | None = None
-    """``local`` backend: profile this step (1 .. ``trial_steps``) of each trial with ``torch.profiler``, a Chrome
-    trace per pipeline stage in the trial's folder (:attr:`HarnessSpec.profile_step`); None = no profiling."""
+    """``local`` backend: profile this step of each trial (:attr:`HarnessSpec.profile_step`)."""
     prune_margin: float | None = 0.25
     """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
     command_template: str | None = None
@@ -150,8 +144,7 @@ class StudyOptions:
     study: str | None = None
     storage: str | None = None
     resume: bool = False
-    """``--resume``: evaluate :data:`DEFAULT_TRIALS` more layouts in a study that holds trials (without it or
-    ``--trials`` a run of an existing study only reports it)."""
+    """``--resume``: evaluate :data:`DEFAULT_TRIALS` more layouts in a study that holds trials."""
     results_dir: str = "results"
     seed: int = 0
 
@@ -180,8 +173,7 @@ _STORED_ORDER = (
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TuneConfig:
-    """Everything a tuning run depends on, in the option groups of ``tune --help``; saved with the study as one flat
-    mapping (:meth:`to_dict`, ``config.yaml``; each key is one group's field), read back by :meth:`from_dict`."""
+    """Everything a tuning run depends on, by ``tune --help``'s option groups (:meth:`to_dict`)."""
 
     job: JobOptions
     cluster: ClusterOptions = dataclasses.field(default_factory=ClusterOptions)
@@ -193,8 +185,7 @@ class TuneConfig:
 
     @classmethod
     def from_dict(cls, flat: Mapping[str, Any], base: TuneConfig | None = None) -> TuneConfig:
-        """The config of flat keys (:meth:`to_dict`'s), the rest the defaults or ``base``'s (TypeError: a key of no
-        group)."""
+        """The config of :meth:`to_dict`'s flat keys, the rest ``base``'s or the defaults."""
         left = dict(flat)
         groups: dict[str, Any] = {}
         for name, kind in get_type_hints(cls).items():
@@ -206,16 +197,14 @@ class TuneConfig:
 
     @property
     def measured(self) -> bool:
-        """Its backend's trials run on GPUs (the class's ``source``); a name not registered here (a study's record
-        from elsewhere) counts as measured."""
+        """Its backend's trials run on GPUs; a name not registered here counts as measured."""
         from launch.registry import BACKENDS, backend_class
 
         return self.search.backend not in BACKENDS or backend_class(self.search.backend).source == "measured"
 
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
-        """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` then a suffix for each input that
-        differs from the default (precision, network, stack, release, task, run flags digest, real-trial backend), so
-        that another such input opens its own study. Obeys the ``--study`` name rule."""
+        """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` and a suffix for each other input that
+        differs from its default, so that it opens its own study. Obeys the ``--study`` name rule."""
         if self.store.study:
             return self.store.study
         w, cl, run = self.workload, self.cluster, self.run
@@ -254,8 +243,7 @@ class TuneConfig:
         return f"{base}{sl}-{cluster.label}-s{w.seq_length}-gbs{w.global_batch_size}{extra}"[:128]
 
     def to_dict(self) -> dict[str, Any]:
-        """Every group's fields as one flat mapping of plain values (``config.yaml``), the storage URL without its
-        password."""
+        """Every group's fields as one flat mapping (``config.yaml``), the storage URL without password."""
         d = {k: v for f in dataclasses.fields(self) for k, v in dataclasses.asdict(getattr(self, f.name)).items()}
         d["storage"] = None if self.store.storage is None else without_password(self.store.storage)
         return {k: d.pop(k) for k in _STORED_ORDER} | d
@@ -268,8 +256,7 @@ def n_trials(config: TuneConfig) -> int:
 
 def policy_params(prep: Any, max_trials: int) -> Any:
     """The :class:`tuner.study.policy.PolicyParams` of a prepared study: the prior from its error bars, the rules
-    from its flags. Start-up before a trial's first measured cost: 60 s on one node, 300 s across nodes (a prior the
-    first trial replaces)."""
+    from its flags, a start-up prior of 60 s on one node, 300 s across nodes."""
     from tuner.study.policy import PolicyParams
 
     cfg, bars = prep.config.trial, prep.bars
@@ -283,8 +270,7 @@ def policy_params(prep: Any, max_trials: int) -> Any:
 
 
 def cheapest_trial_gpu_hours(prep: Any) -> float:
-    """GPU-hours of one full trial of the quickest contender (:attr:`Prepared.contenders`): the start-up prior of
-    :func:`policy_params` plus ``--trial-steps`` predicted steps, times the cluster's GPUs; NaN without contenders."""
+    """GPU-hours of one trial of the quickest contender (start-up prior and steps); NaN if none."""
     pp = policy_params(prep, 1)
     step = prep.estimates.step_time_s[prep.contenders]
     return (float((pp.startup_s + pp.steps * float(step.min())) * prep.cluster.num_gpus / 3600) if len(step)
@@ -306,8 +292,7 @@ def check_budget(prep: Any) -> None:
 
 
 def harness_without_te(backend: str) -> bool:
-    """The study's trials run the harness (``local``, ``ray``) and Transformer Engine is not importable here (for
-    ``ray``: on the driver)."""
+    """The study's trials run the harness (``local``, ``ray``) and TE is not importable here."""
     if not _runs_harness(backend):
         return False
     from launch.harness.spec import HarnessEnv
@@ -323,9 +308,8 @@ def _runs_harness(backend: str) -> bool:
 
 
 def run_options_for_backend(backend: str, megatron_core: str | None = None) -> RunOptions:
-    """Run options the estimate assumes for a study's trials: the harness's (:data:`specs.HARNESS_RUN_OPTIONS`
-    without TE, :data:`specs.HARNESS_TE_RUN_OPTIONS` with it) or a production run's
-    (:data:`specs.DEFAULT_RUN_OPTIONS`), at release ``megatron_core`` (None = the newest known)."""
+    """Run options the estimate assumes for a study's trials: the harness's (without or with TE) or a production
+    run's (:data:`specs.DEFAULT_RUN_OPTIONS`), at release ``megatron_core`` (None = the newest known)."""
     from specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS
 
     if _runs_harness(backend):
@@ -336,8 +320,7 @@ def run_options_for_backend(backend: str, megatron_core: str | None = None) -> R
 
 
 def study_run_options(config: TuneConfig) -> Any:
-    """The :class:`specs.stacks.StackRun` of a study: the stack preset and run flags, or for ``local`` and ``ray`` the
-    harness's options (:func:`run_options_for_backend`) with the preset kept for the exports."""
+    """The :class:`specs.stacks.StackRun` of a study (``local`` and ``ray``: the harness's options)."""
     from specs.stacks import RunFlags, resolve_run_options
 
     given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in (config.run.run_flags or {}).items()}
@@ -502,8 +485,7 @@ def _validate_policy(config: TuneConfig) -> None:
 
 
 def storage_file(url: str) -> Path | None:
-    """The file of a file-backed Optuna storage (``journal:PATH``, ``journal://PATH``, SQLite as SQLAlchemy reads
-    it), as written; None for a server URL, an in-memory or ``file:`` SQLite URL, or a malformed one."""
+    """The file of a file-backed storage (journal, SQLite) as written; None for any other URL."""
     if url.startswith("journal:"):
         path = url[len("journal:"):]
         path = path[2:] if path.startswith("//") else path
@@ -524,8 +506,7 @@ def storage_file(url: str) -> Path | None:
 
 
 def storage_place(url: str) -> str:
-    """``url`` with its file resolved, so that two names of one file compare equal; a server URL without its
-    password."""
+    """``url`` with its file resolved (two names of one file compare equal), without password."""
     f = storage_file(url)
     if f is None:
         return without_password(url)
@@ -536,8 +517,7 @@ def storage_place(url: str) -> str:
 
 
 def _check_results_dir(results_dir: str) -> None:
-    """Raises TunerError when ``--results-dir`` or a folder above it is a file (before any work: the study folder
-    ``<results-dir>/<study>/`` could not be made)."""
+    """Raise TunerError when ``--results-dir`` or a folder above it is a file."""
     p = Path(results_dir)
     for a in (p, *p.parents):
         if a.exists():

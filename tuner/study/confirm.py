@@ -42,9 +42,8 @@ class ConfirmRound:
 
 
 def enqueue_round(study: optuna.Study, runs: int) -> ConfirmRound:
-    """Queue one round: bring each finalist (:func:`finalists`) to ``runs`` confirmation runs (those it has, not
-    cut off by Ctrl-C, count), interleaved so that a drift of the machine reaches them alike. Nothing while search
-    trials are queued (the note says so)."""
+    """Queue one round: bring each finalist to ``runs`` confirmation runs (those it has count), interleaved so that
+    a drift of the machine reaches them alike; nothing while search trials are queued (the note says so)."""
     chosen = finalists(study)
     trials = study.get_trials(deepcopy=False)
     queued = [t for t in trials if t.state == TrialState.WAITING and TrialRecord.of(t).repeat_of is None]

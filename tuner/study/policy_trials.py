@@ -24,8 +24,7 @@ POLICY_BEST_ATTR = "policy_best_trial"
 
 
 class PolicyTrials:
-    """The trial loop of real trials under the gain policy for one :class:`tuner.study.run.StudyRun` (its study,
-    sampler, budget and counts); the policy is over the study's contenders (:attr:`Prepared.contenders`)."""
+    """The trial loop of real trials under the gain policy, over the study's contenders."""
 
     def __init__(self, run: StudyRun) -> None:
         self.study_run = run
@@ -86,8 +85,7 @@ class PolicyTrials:
             run.optimize(todo, n_jobs=min(n_jobs, todo))
 
     def _run_launch_first(self) -> None:
-        """Measure the user's launch (``tune --from``), the baseline every answer is compared with, unless the study
-        has it."""
+        """Measure the user's launch (``tune --from``) first, unless the study has it."""
         run, prep = self.study_run, self.study_run.prep
         row = prep.baseline_row
         if row is None or not prep.fits[row]:
@@ -99,8 +97,7 @@ class PolicyTrials:
         run.optimize(1)
 
     def feed(self) -> None:
-        """Give the policy every finished trial of the study it has not seen: this run's count against its budgets,
-        earlier runs' and other workers' (a shared storage) only teach it."""
+        """Feed the policy every unseen finished trial; only this run's count against its budgets."""
         run, policy = self.study_run, self.policy
         mine = run.own_trials()
         for t in run.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):

@@ -42,9 +42,8 @@ FLUSH_EVERY_S = 2.0
 
 
 def memo_parents(sampler: optuna.samplers.NSGAIISampler) -> optuna.samplers.NSGAIISampler:
-    """``sampler`` with each generation's parent population kept in memory instead of Optuna's scan over every trial
-    at each proposal; the first call for a generation returns Optuna's selection, later ones the cached parents in
-    the study's trial order, as Optuna's cache does."""
+    """``sampler`` with each generation's parents cached in memory (Optuna scans every trial at each proposal),
+    returned as Optuna's cache returns them."""
     own = sampler.get_parent_population
     parents: dict[tuple[int, int], list[FrozenTrial]] = {}
     selected: set[tuple[int, int]] = set()
@@ -170,8 +169,7 @@ class CandidateSampler(optuna.samplers.BaseSampler):
 
 
 class PredictedTrials:
-    """The trial loop of a predicted backend for one :class:`StudyRun`; ``writes`` counts its storage
-    transactions."""
+    """The trial loop of a predicted backend; ``writes`` counts its storage transactions."""
 
     def __init__(self, run: StudyRun) -> None:
         self.study_run = run
@@ -183,8 +181,7 @@ class PredictedTrials:
         self._next_number = 0 if self.shared else run.next_number()
 
     def _mirror(self) -> optuna.Study:
-        """The in-memory study the sampler runs on: the study's COMPLETE trials (parameters, values, the sampler's
-        system attributes), then the queue (:attr:`CandidateQueue.first`)."""
+        """The in-memory study the sampler runs on: the study's COMPLETE trials, then the queue."""
         run = self.study_run
         self.sampler = CandidateSampler(
             memo_parents(optuna.samplers.NSGAIISampler(seed=run.cfg.store.seed, population_size=16)),
@@ -221,8 +218,7 @@ class PredictedTrials:
             self.flush()
 
     def _propose(self, params: dict[str, str], repeat: bool = False) -> Proposal | None:
-        """The proposal of these parameters (:meth:`StudyRun.resolve`); on a shared storage a layout another
-        worker has claimed is a duplicate."""
+        """:meth:`StudyRun.resolve`; on a shared storage another worker's layout is a duplicate."""
         prop = self.study_run.resolve(params, explain=False)
         if prop is not None and prop.skip is None and self.shared and claimed_elsewhere(
                 self.study.get_trials(deepcopy=False), None, prop.key, stale_before=self._stale_before()):

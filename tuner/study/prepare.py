@@ -98,8 +98,7 @@ class Prepared:
 
 
 def prepare(config: TuneConfig) -> Prepared:
-    """Load inputs, enumerate, check rules and estimate every valid layout (TunerError: bad input, or no layout fits;
-    the message names the fewest GPUs that would)."""
+    """Load inputs, enumerate, check rules and estimate every valid layout."""
     _validate_config(config)
     model = _model(config)
     c, w, search, baseline = config.cluster, config.workload, config.search, config.job.baseline
@@ -174,8 +173,7 @@ def _model(config: TuneConfig) -> ModelSpec:
 
 
 def _stack_space(config: TuneConfig, model: ModelSpec, space: SearchSpace, stack: Any) -> tuple[SearchSpace, list[str]]:
-    """The space as the stack and the harness can run it (slime's allgather, the precision-aware optimizer without
-    TE left out) and the notes that say so."""
+    """The space as the stack and the harness can run it, and the notes that say so."""
     stack_notes: list[str] = []
     if config.job.allow_config_args and model.extra_megatron_args:
         stack_notes.append("--allow-config-args: the model's config adds to every trial and export: "
@@ -198,8 +196,7 @@ def _stack_space(config: TuneConfig, model: ModelSpec, space: SearchSpace, stack
 
 
 def global_batch_notes(global_batch_size: int, num_gpus: int, dp: int, micro_batch_size: int) -> list[str]:
-    """Notes on ``--global-batch``: fewer rows than GPUs (the batch caps DP), or one micro-batch per data-parallel
-    rank of the predicted fastest layout (the pipeline cannot fill, no gradient reduction overlaps the backward)."""
+    """Notes on ``--global-batch``: fewer rows than GPUs, or one micro-batch per DP rank."""
     notes = []
     if global_batch_size < num_gpus:
         notes.append(

@@ -89,8 +89,7 @@ SUMMARY_FIELDS = ("label", "source", "tokens_per_s_per_gpu", "peak_gib")
 
 
 def summary_of(outcome: Mapping[str, Any]) -> dict[str, Any]:
-    """The scalar :data:`SUMMARY_FIELDS` of a ``result`` / ``failure`` / ``pruned`` dict, as :class:`TrialRecord`
-    fields."""
+    """The scalar :data:`SUMMARY_FIELDS` of an outcome dict, as :class:`TrialRecord` fields."""
     return {k: outcome[k] for k in SUMMARY_FIELDS
             if isinstance(outcome.get(k), (str, int, float)) and not isinstance(outcome.get(k), bool)}
 
@@ -149,8 +148,7 @@ def implausible(result: Mapping[str, Any], band: Band | None = None) -> str | No
 
 
 def failure_of(layout: Layout, e: TrialFailed, prediction: Mapping[str, float]) -> dict[str, Any]:
-    """A failed trial's ``failure``: kind, message, log, the layout, the prediction, and for an out-of-memory
-    the memory the failing rank had reached (GiB) when known."""
+    """A failed trial's ``failure``: kind, message, log, layout, prediction, memory reached."""
     fail: dict[str, Any] = {"kind": e.kind.value, "message": str(e), "log_path": e.log_path, "layout": layout.to_dict(),
                             "label": layout.label, **prediction}
     if not math.isnan(e.memory_reached_bytes):
@@ -175,16 +173,14 @@ def retried_numbers(trials: Iterable[FrozenTrial]) -> set[int]:
 
 
 def is_settled(t: FrozenTrial, retried: Collection[int] = ()) -> bool:
-    """The trial's layout has an outcome: finished, and not a FAIL that is ``interrupted`` or ``retried``
-    (:func:`retried_numbers`); a FAIL from an unexpected error stays settled, so it is not retried forever."""
+    """The trial's layout has an outcome: finished, and not an ``interrupted`` or retried FAIL."""
     if not t.state.is_finished():
         return False
     return not (t.state == TrialState.FAIL and (TrialRecord.of(t).interrupted or t.number in retried))
 
 
 def evaluated_keys(trials: Sequence[FrozenTrial]) -> set[str]:
-    """Layouts the study has an outcome for (a trial skipped as a duplicate is not one: the trial it deferred to may
-    have been interrupted)."""
+    """Layouts the study has an outcome for (not a trial skipped as a duplicate)."""
     retried = retried_numbers(trials)
     out = set()
     for t in trials:
@@ -215,8 +211,7 @@ def claimed_elsewhere(trials: Sequence[FrozenTrial], trial_id: int | None, key: 
 
 
 def best_measured(trials: Iterable[FrozenTrial]) -> float | None:
-    """Highest measured tokens/s/GPU among COMPLETE trials that are not confirmation runs (as the pruner compares
-    a trial's own run); None if none was measured."""
+    """Highest measured tokens/s/GPU of the COMPLETE trials but confirmation runs, or None."""
     best = None
     for t in trials:
         if t.state != TrialState.COMPLETE:
@@ -230,8 +225,7 @@ def best_measured(trials: Iterable[FrozenTrial]) -> float | None:
 
 
 class RunFailure(NamedTuple):
-    """A confirmation run (``--confirm-runs``) that failed: its trial, its kind (``oom``, ``timeout``, ``crash``)
-    and the memory its failing rank had reached (GiB) when known."""
+    """A failed confirmation run: its trial, kind (``oom``, ...) and the memory it reached (GiB)."""
 
     trial: int
     kind: str | None
@@ -240,8 +234,7 @@ class RunFailure(NamedTuple):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialRow:
-    """A finished trial of a study (:func:`trial_rows`), in :func:`result_of`'s units (NaN where the result has
-    none); a layout run more than once (``--confirm-runs``) adds its ``runs`` and the runs that failed."""
+    """A finished trial of a study (:func:`trial_rows`), in :func:`result_of`'s units."""
 
     trial: int
     layout: Layout
@@ -264,8 +257,7 @@ class TrialRow:
 
     @classmethod
     def of(cls, trial: int, key: str, result: Mapping[str, Any] | None) -> TrialRow | None:
-        """The row of trial ``trial``'s ``result`` (:func:`result_of`); None for none, or one without a layout,
-        throughput or peak memory."""
+        """The row of trial ``trial``'s ``result``; None without a layout, throughput or peak."""
         if not result or not {"layout", "tokens_per_s_per_gpu", "peak_gib"} <= result.keys():
             return None
         kw: dict[str, Any] = {f: float(result[f]) for f in _NUMBERS if result.get(f) is not None}
@@ -287,8 +279,7 @@ _NUMBERS = ("tokens_per_s_per_gpu", "peak_gib", "headroom_gib", "step_time_s", "
 
 
 def trial_rows(study: optuna.Study) -> list[TrialRow]:
-    """Finished trials of a study as rows, confirmation runs folded into the trial they repeat: the mean step time,
-    the harmonic mean throughput, the highest peak, the lowest headroom (TunerError: an unreadable result)."""
+    """Finished trials as rows, confirmation runs folded into the trial they repeat."""
     rows: list[TrialRow] = []
     repeats: dict[int, list[TrialRow]] = {}
     failed: dict[int, list[RunFailure]] = {}

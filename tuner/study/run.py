@@ -121,8 +121,7 @@ class StudyRun:
         self.index: CandidateIndex
         self.queue: CandidateQueue
         self.sampler: CandidateSampler
-        """Real trials: the study's sampler; the candidates this process runs next are queued in it, not in the
-        storage."""
+        """Real trials: the study's sampler, which holds this process's queued candidates."""
         self.pruner: StepTimePruner | None = None
         # shared (self._lock)
         self._lock = threading.Lock()
@@ -147,8 +146,7 @@ class StudyRun:
     # ---- the run ---------------------------------------------------------------------------------------
 
     def run(self) -> TuneResult:
-        """Open the study, evaluate layouts, confirm the finalists (``--confirm-runs``); on Ctrl-C the finished
-        trials are kept and the one cut off is run again on resume."""
+        """Open the study, evaluate layouts, confirm the finalists; Ctrl-C keeps the finished trials."""
         self.backend = self._open_backend()
         report_only = self._open()
         # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
@@ -201,8 +199,7 @@ class StudyRun:
         return backend
 
     def _open(self) -> str | None:
-        """Open the study (closing the backend if it is refused) and set up the candidates, queue, sampler and
-        budget. Returns why the run only shows the study, if it does (:meth:`_held_note`)."""
+        """Open the study and set up the run; why it only shows the study, if so (:meth:`_held_note`)."""
         prep, cfg, backend = self.prep, self.cfg, self.backend
         heartbeat = self.heartbeat if (cfg.store.storage and backend.measured) else None
         try:
@@ -241,9 +238,8 @@ class StudyRun:
         return report_only
 
     def _held_note(self, held: int) -> str | None:
-        """Re-running the same command shows a study that holds ``held`` finished trials: more trials only when
-        asked for (``--trials``, ``--resume``), but a launch (``--from``) the study has not evaluated is measured, the
-        baseline every answer is compared with. Sets the budget of that case; the note saying so (None: a run)."""
+        """A study that holds ``held`` trials, re-run without ``--trials`` or ``--resume``, gets only the launch
+        (``--from``) if new: sets that budget and returns the note (None: a run)."""
         prep, cfg = self.prep, self.cfg
         if not held or cfg.search.trials is not None or cfg.store.resume:
             return None
@@ -256,8 +252,7 @@ class StudyRun:
                 f"--resume continues it ({DEFAULT_TRIALS} more)")
 
     def _evaluate(self) -> None:
-        """Evaluate layouts by the backend's path: real trials under the gain policy or the queue (then the
-        confirmation runs), or predictions."""
+        """Evaluate layouts: real trials (gain policy, or the queue then confirmation), or predictions."""
         if not self.backend.measured:
             PredictedTrials(self).run()
         elif self.cfg.trial.policy == "gain":
@@ -274,9 +269,8 @@ class StudyRun:
         raise KeyboardInterrupt
 
     def _fail_leftovers(self, trials: Sequence[optuna.trial.FrozenTrial]) -> None:
-        """Fail the RUNNING trials no worker runs any more, marked ``interrupted`` so their layouts are run again: all
-        on the default storage (one process at a time); with ``--storage`` predicted ones older than the grace period
-        (real trials: Optuna's heartbeat)."""
+        """Fail the RUNNING trials no worker runs any more, marked ``interrupted``: all on the default storage, with
+        ``--storage`` predicted ones older than the grace period (real trials: Optuna's heartbeat)."""
         running = [t for t in trials if t.state == TrialState.RUNNING]
         if self.cfg.store.storage:
             if self.backend.measured:
@@ -298,8 +292,7 @@ class StudyRun:
             pass  # finished meanwhile (another worker)
 
     def _settle(self, wait_s: float = 60.0) -> None:
-        """After an interrupt: wait (at most ``wait_s``) for this process's trials to leave RUNNING, then fail any
-        left."""
+        """After an interrupt: wait up to ``wait_s`` for this process's trials to end, then fail them."""
         deadline = time.monotonic() + wait_s
         while True:
             with self._lock:
@@ -340,8 +333,7 @@ class StudyRun:
         return Proposal(params, row, lay, key, why)
 
     def _propose(self, params: dict[str, str], repeat: bool) -> Proposal | None:
-        """Real trials: the proposal of these parameters (:meth:`resolve`, None for no candidate), checked before a
-        trial holds it; on a shared storage a layout another worker's trial holds is a duplicate."""
+        """Real trials: :meth:`resolve`, and a layout another worker's trial holds is a duplicate."""
         prop = self.resolve(params, repeat=repeat, explain=False)
         if (prop is not None and prop.skip is None and not repeat and self.cfg.store.storage
                 and claimed_elsewhere(self.study.get_trials(deepcopy=False), None, prop.key)):
@@ -349,14 +341,12 @@ class StudyRun:
         return prop
 
     def _sampling_stopped(self) -> bool:
-        """Real trials: the sampler proposes no new layout (the budget is spent, the space ran out, or the run
-        confirms)."""
+        """Real trials: the budget is spent, the space ran out, or the run confirms."""
         with self._lock:
             return self._confirming or self._started >= self.n_trials or self._exhausted is not None
 
     def claim(self, key: str, trial_id: int) -> bool:
-        """Take the layout for this process's trial ``trial_id`` (its key written); False when the study has it
-        (evaluated, or RUNNING in another worker's trial: :func:`claimed_elsewhere`)."""
+        """Take the layout for trial ``trial_id``; False when the study has it (:func:`claimed_elsewhere`)."""
         with self._lock:
             if key in self._seen:
                 return False
@@ -376,8 +366,7 @@ class StudyRun:
             self._refused.add(key)
 
     def note_skip(self) -> int | None:
-        """Count a skipped proposal. After :data:`FALLBACK_AFTER_SKIPS` in a row: the row of the fastest predicted
-        candidate not yet evaluated, to queue; or, when none is left, record that the space ran out (None)."""
+        """Count a skip; after :data:`FALLBACK_AFTER_SKIPS` in a row the fallback row to queue, or None."""
         with self._lock:
             self._counts.skipped += 1
             self._skips_in_a_row += 1
@@ -416,8 +405,7 @@ class StudyRun:
             self._started -= 1
 
     def finished(self, outcome: str, *, progress: bool = True) -> None:
-        """Count a layout's outcome (``evaluated``, ``pruned``, ``failed`` or ``confirmed``) and (``progress``)
-        move the progress on by one."""
+        """Count a layout's outcome (a :class:`_Counts` field) and (``progress``) move the progress on."""
         with self._lock:
             setattr(self._counts, outcome, getattr(self._counts, outcome) + 1)
             if not progress:
@@ -428,8 +416,7 @@ class StudyRun:
             self.on_trial(done, total)
 
     def predict(self, layout: Layout) -> Estimate:
-        """The estimate a trial records (as ``tune estimate`` prints it, with this study's calibration, headroom
-        and run options)."""
+        """The estimate a trial records (``tune estimate``'s, with this study's calibration and options)."""
         return estimate(self.prep.model, self.prep.cluster, self.prep.workload, layout,
                         calibration=self.prep.calibration, memory_headroom=self.prep.headroom,
                         options=self.prep.options)
@@ -445,8 +432,7 @@ class StudyRun:
             return set(self._mine)
 
     def optimize(self, n_trials: int, *, n_jobs: int = 1) -> None:
-        """Run ``n_trials`` real trials (the sampler's queue first) in ``n_jobs`` threads; the progress's total grows
-        to hold them."""
+        """Run ``n_trials`` real trials in ``n_jobs`` threads; the progress's total grows to hold them."""
         with self._lock:
             self._total = max(self._total, self._done + n_trials)
         self.study.optimize(self.objective, n_trials=n_trials, callbacks=[self.after_trial], catch=(TrialFailed,),
@@ -476,8 +462,7 @@ class StudyRun:
                                 gc_after_trial=False, n_jobs=n_jobs)
 
     def _confirm(self) -> None:
-        """``--confirm-runs``: rounds of :func:`tuner.study.confirm.enqueue_round`, each run to its end, one trial at a
-        time (concurrent trials on one host slow each other)."""
+        """``--confirm-runs``: rounds of :func:`tuner.study.confirm.enqueue_round`, one trial at a time."""
         for _ in range(MAX_CONFIRM_ROUNDS):
             rnd = enqueue_round(self.study, self.cfg.trial.confirm_runs)
             if rnd.note:
@@ -496,9 +481,8 @@ class StudyRun:
                                 gc_after_trial=False, n_jobs=1)
 
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:
-        """Optuna's objective for real trials: (tokens/s/GPU, peak GiB per GPU). Outcomes are exceptions, mapped
-        to trial states by Optuna: skipped and pruned raise ``TrialPruned``; out of memory, timeout and crash
-        raise :class:`TrialFailed` (caught: FAIL); Ctrl-C and unexpected errors FAIL and propagate."""
+        """Optuna's objective for real trials: (tokens/s/GPU, peak GiB per GPU); a skip or prune raises ``TrialPruned``,
+        a failure :class:`TrialFailed` (FAIL); Ctrl-C and unexpected errors FAIL and propagate."""
         try:
             return self._objective(trial)
         except KeyboardInterrupt:
@@ -611,8 +595,7 @@ class StudyRun:
         raise optuna.TrialPruned(why)
 
     def _nothing_to_run(self, trial: optuna.Trial) -> NoReturn:
-        """The sampler found no layout for this trial: record why and end it (``TrialPruned``); stop the study when the
-        budget is spent or the space ran out (else the queued candidate was claimed by another worker meanwhile)."""
+        """The sampler found no layout: record why, end the trial, stop when the budget or space is spent."""
         with self._lock:
             why = self._exhausted or (f"not run: this run's {self.n_trials} layouts (--trials) were started by its "
                                       "other trials"
@@ -634,8 +617,7 @@ class StudyRun:
         return report
 
     def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        """Optuna's callback after each real trial: move the progress, refill a lazy queue (after a refit every
-        ``--recalibrate-after`` measured trials), stop when the budget is spent or the space ran out."""
+        """Optuna's callback: move the progress, refill a lazy queue, stop when the budget or space is spent."""
         rec = TrialRecord.of(trial)
         counted = rec.skipped is None
         with self._lock:
@@ -657,8 +639,7 @@ class StudyRun:
 
 
 def _say_failed(number: int, failure: dict[str, Any]) -> None:
-    """One warning (``tuner.study``'s logger, wrapped at 80 columns) for a failed trial: its number, layout and why
-    (Optuna's own line is silenced: :func:`tuner.study.storage.quiet_optuna`)."""
+    """Log one warning, wrapped at 80 columns, for a failed trial: its number, layout and why."""
     log.warning(textwrap.fill(f"trial {number} ({failure['label']}) failed: {failure['message']}", width=80,
                               subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
 

@@ -64,8 +64,7 @@ MAX_RETRIES = 2
 
 
 def retry_dead_worker_trial(grace_s: int) -> Any:
-    """The ``heartbeat_stale_trial_callback``: Optuna's ``RetryHeartbeatStaleTrialCallback`` queues the stale
-    trial's parameters again, with its record (minus what its dead run reported) and ``retried`` saying why."""
+    """Optuna's ``RetryHeartbeatStaleTrialCallback``, the retry's record saying why (``retried``)."""
     from tuner.study import _optuna
 
     with warnings.catch_warnings():
@@ -188,8 +187,7 @@ def storage_url(config: TuneConfig, out_dir: Path) -> str:
 
 
 def is_own_store(cfg: TuneConfig, out_dir: Path) -> bool:
-    """Whether the run's storage is the study folder's own ``study.db``, however ``--storage`` names it (then one
-    process at a time: :class:`StudyLock`)."""
+    """The run's storage is the study folder's own ``study.db``, however ``--storage`` names it."""
     return storage_place(storage_url(cfg, out_dir)) == storage_place(f"sqlite:///{(out_dir / 'study.db').as_posix()}")
 
 
@@ -229,8 +227,7 @@ def model_spec_from_dict(d: dict[str, Any]) -> ModelSpec:
 
 
 def _recorded_yarn_details(spec: dict[str, Any], missing: frozenset[str] | set[str]) -> dict[str, Any]:
-    """The ``missing`` YaRN fields of a recorded model from the preset it was made from, or no YaRN (see
-    :func:`model_spec_from_dict`)."""
+    """The ``missing`` YaRN fields from the preset, or no YaRN (:func:`model_spec_from_dict`)."""
     from specs import load_model
 
     try:
@@ -323,8 +320,7 @@ def quiet_optuna() -> None:
 
 def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *,
                heartbeat: Heartbeat | None = None) -> tuple[optuna.Study, str]:
-    """Create or load the study and its storage URL, check it was made with the same inputs, store them in it and
-    in ``results/<study>/config.yaml``. A refused study (TunerError) leaves no folder behind."""
+    """Create or load the study, check and store its inputs; a refused study leaves no folder."""
     _check_same_storage(cfg, name, out_dir)
     try:  # made by this run (not by a worker started beside it): only then is it this run's to remove
         out_dir.mkdir(parents=True)
@@ -400,8 +396,7 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
 
 
 def sqlite_read_only(path: Path) -> Any:
-    """A ``sqlite3`` connection that cannot write ``path``: ``mode=ro``, or ``immutable=1`` where the folder is
-    read-only and the file was left in write-ahead-log mode (its ``-shm`` cannot be made)."""
+    """A read-only ``sqlite3`` connection: ``mode=ro``, else ``immutable=1`` (a read-only folder)."""
     import sqlite3
     from urllib.parse import quote
 
