@@ -270,8 +270,7 @@ def render_report(*, study: str, heading: str, rows: Sequence[TrialRow], front: 
                   breakdowns: Mapping[int, Estimate], usable_gib: float, ties: Sequence[Mapping[str, Any]] = (),
                   ties_of: int | None = None, files: Mapping[str, str] | None = None, notes: Sequence[str] = (),
                   near_best: float = NEAR_BEST) -> str:
-    """The page's HTML, plotly.js inline. ``breakdowns``: trial number -> the estimate of each front layout;
-    ``ties``: :func:`tuner.report.measured_ties` of trial ``ties_of``; ``files``: name -> path relative to the page."""
+    """The page's HTML, plotly.js inline; ``breakdowns``: trial number -> estimate of each front layout."""
     data_rows = [_row(r) for r in rows]
     by_trial = {r["trial"]: r for r in data_rows}
     front_d = [by_trial[int(f["trial"])] for f in front if int(f["trial"]) in by_trial]

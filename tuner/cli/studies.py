@@ -57,8 +57,7 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
 
 def study_front(study: str | None, storage: str | None, results_dir: Path, output: tuple[str, Path | None, str], *,
                 force: bool) -> tuple[Any, Any, Any, Any, dict[str, Any], list[TrialRow], list[dict[str, Any]]]:
-    """(study, model, cluster, workload, config, trial rows, front rows) of a study with a finished trial; ``output``
-    (option, path or None, its file name in a study's folder) is checked before the study is opened."""
+    """(study, model, cluster, workload, config, rows, front) of a study; ``output`` is checked first."""
     from cost_model.uncertainty import error_bars
     from tuner.report import front_rows
     from tuner.study import trial_rows

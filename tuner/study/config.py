@@ -255,8 +255,7 @@ def n_trials(config: TuneConfig) -> int:
 
 
 def policy_params(prep: Any, max_trials: int) -> Any:
-    """The :class:`tuner.study.policy.PolicyParams` of a prepared study: the prior from its error bars, the rules
-    from its flags, a start-up prior of 60 s on one node, 300 s across nodes."""
+    """The :class:`tuner.study.policy.PolicyParams` of a prepared study (start-up prior: 60 s, 300 s multi-node)."""
     from tuner.study.policy import PolicyParams
 
     cfg, bars = prep.config.trial, prep.bars
@@ -308,8 +307,7 @@ def _runs_harness(backend: str) -> bool:
 
 
 def run_options_for_backend(backend: str, megatron_core: str | None = None) -> RunOptions:
-    """Run options the estimate assumes for a study's trials: the harness's (without or with TE) or a production
-    run's (:data:`specs.DEFAULT_RUN_OPTIONS`), at release ``megatron_core`` (None = the newest known)."""
+    """Run options the estimate assumes for a study's trials: the harness's (with or without TE) or production."""
     from specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS
 
     if _runs_harness(backend):

@@ -47,8 +47,7 @@ METRIC_NAMES = ("tokens_per_s_per_gpu", "peak_gib")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Heartbeat:
-    """Optuna's heartbeat for a storage that workers share (seconds): a trial silent for ``grace_s`` is failed and
-    its layout queued again (:func:`retry_dead_worker_trial`) at most :data:`MAX_RETRIES` times."""
+    """Optuna's heartbeat for a storage workers share (seconds); :func:`retry_dead_worker_trial` retries."""
 
     interval_s: int
     grace_s: int
