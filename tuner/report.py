@@ -47,12 +47,7 @@ def pipeline_layout_of(layout: Layout, model: ModelSpec) -> str:
 
 def pick_trial_row(study_name: str, rows: list[TrialRow], model: ModelSpec, trial: int | None, purpose: str,
                    best: int | None = None) -> TrialRow:
-    """The finished trial ``trial`` of ``rows`` (from :func:`tuner.study.trial_rows`); when None, ``best`` (the trial
-    the main job named best, :data:`BEST_TRIAL_ATTR`) if it is finished, else the fastest on the front.
-
-    Raises:
-        TunerError: no finished trial, or ``trial`` is not one (the message lists the finished ones).
-    """
+    """The finished trial ``trial`` of ``rows``; when None, ``best`` if finished, else the fastest."""
     from specs.errors import TunerError
 
     if trial is None and best is not None and any(r.trial == best for r in rows):
@@ -71,8 +66,7 @@ def pick_trial_row(study_name: str, rows: list[TrialRow], model: ModelSpec, tria
 
 
 def _intervals(r: TrialRow, bars: ErrorBars | None, hbm_gib: float | None) -> dict[str, Any]:
-    """A trial's 90% intervals (tokens/s/GPU and peak GiB) and whether it fits: a prediction's from the error bars,
-    a measurement's from the run-to-run spread over its runs."""
+    """A trial's 90% intervals and fit: a prediction's from the error bars, a measurement's from its runs."""
     from tuner.study.policy import RUN_SIGMA  # measured: its mean times exp(+-Z90 * RUN_SIGMA / sqrt(runs))
 
     tps, peak, nan = r.tokens_per_s_per_gpu, r.peak_gib, float("nan")
@@ -90,8 +84,7 @@ def _intervals(r: TrialRow, bars: ErrorBars | None, hbm_gib: float | None) -> di
 
 def front_rows(rows: list[TrialRow], model: ModelSpec, bars: ErrorBars | None = None,
                hbm_gib: float | None = None) -> list[dict[str, Any]]:
-    """The Pareto-optimal trials (max tokens/s/GPU, min peak memory), fastest first, as table rows, each with its 90%
-    intervals and whether it fits (``bars``: the study's error bars; ``hbm_gib``: the GPU's memory)."""
+    """The Pareto-optimal trials, fastest first, as table rows with their 90% intervals and fit."""
     if not rows:
         return []
     keep = pareto_mask(np.array([r.tokens_per_s_per_gpu for r in rows]), np.array([r.peak_gib for r in rows]))
@@ -114,11 +107,9 @@ def front_rows(rows: list[TrialRow], model: ModelSpec, bars: ErrorBars | None = 
 
 
 def pick_best(front: list[dict[str, Any]], tie: float = 0.01) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """(the recommended row of a front, the other rows within ``tie`` of it); (None, []) for an empty front.
-
-    Rows that ran or surely fit come first, then those whose predicted peak fits, then any. Of those within ``tie`` (a
-    fraction) of the fastest, the least peak memory wins, then the fewest GPUs per replica (tp x pp x cp), then the
-    layout's key: independent of the order trials were sampled in."""
+    """(the recommended row of a front, the other rows within ``tie`` of it); (None, []) for an empty front. Among
+    rows that ran or surely fit (else whose peak fits, else any) within ``tie`` of the fastest: the least peak memory,
+    then the fewest GPUs per replica, then the layout's key."""
     pool = ([r for r in front if r.get("fit") != "may not fit"]
             or [r for r in front if float(r.get("headroom_gib", -1.0)) >= 0] or list(front))
     if not pool:
@@ -168,8 +159,7 @@ def pooled_spread(groups: Sequence[Sequence[float]]) -> tuple[float | None, int]
 
 
 def between_run_noise(rows: list[TrialRow]) -> float | None:
-    """The spread between runs of one layout, pooled over the measured rows run more than once (``--confirm-runs``):
-    :func:`pooled_spread` of each row's run throughputs. A fraction; None when no row has two runs."""
+    """:func:`pooled_spread` of the measured rows' run throughputs (a fraction), or None."""
     return pooled_spread([_runs(r) if r.source == "measured" else [] for r in rows])[0]
 
 
@@ -180,18 +170,13 @@ def fastest_measured(rows: list[TrialRow]) -> TrialRow | None:
 
 
 def measured_ties(rows: list[TrialRow], best_trial: int, z: float = TIE_Z) -> list[dict[str, Any]]:
-    """Measured trials whose throughput is within the trials' own noise of trial ``best_trial``.
+    """Measured trials within the trials' own noise of trial ``best_trial``, smallest ``gap`` first (fractions of
+    the best's tokens/s/GPU; empty unless it is measured with at least 3 steps).
 
-    A trial's median step time has relative standard error ``sqrt(pi / 2) * CV / sqrt(n)`` (large-sample standard
-    error of a median of normal data; CV over its n measured step times). Trial ``b`` ties with the best ``a`` when
-    ``(tps_a - tps_b) / tps_a <= z * sqrt(se_a**2 + se_b**2)``. A layout run k times (``--confirm-runs``) has the
-    standard error of the mean of its runs. Runs of one layout differ by more than a run's own steps say (a 10%
-    standard deviation over eight runs, ``benchmarks/results/h200_te_2026-12-04``), so the spread between runs, pooled
-    over the study (:func:`between_run_noise`), is a floor: at least that spread / sqrt(k).
-
-    Returns:
-        ``[{"trial", "label", "tokens_per_s_per_gpu", "gap", "threshold"}]`` (fractions of the best's tokens/s/GPU),
-        smallest gap first; empty when ``best_trial`` is not a measured trial with at least 3 measured steps.
+    A median step time's relative standard error is ``sqrt(pi / 2) * CV / sqrt(n)``; ``b`` ties with ``a`` when
+    ``(tps_a - tps_b) / tps_a <= z * sqrt(se_a**2 + se_b**2)``. A layout run k times has the standard error of its
+    runs' mean, at least the study's pooled spread between runs / sqrt(k) (:func:`between_run_noise`; a 10% SD over
+    eight runs, ``benchmarks/results/h200_te_2026-12-04``).
     """
     pooled = between_run_noise(rows) or 0.0
 
@@ -233,8 +218,7 @@ PREDICTED_TIE = 0.01
 
 def predicted_ties(rows: list[TrialRow], best_trial: int,
                    within: float = PREDICTED_TIE) -> list[tuple[TrialRow, float]]:
-    """Predicted trials within ``within`` (a fraction) of predicted trial ``best_trial``'s throughput, fastest first,
-    each with its gap (best's - its) / best's."""
+    """Predicted trials within ``within`` of predicted trial ``best_trial``, each with its gap."""
     best = next((r for r in rows if r.trial == best_trial), None)
     if best is None or best.source != "predicted" or not _positive(best.tokens_per_s_per_gpu):
         return []
@@ -251,8 +235,7 @@ def predicted_ties(rows: list[TrialRow], best_trial: int,
 
 
 def predicted_ties_text(rows: list[TrialRow], best_trial: int) -> str | None:
-    """One sentence naming the predicted trials within :data:`PREDICTED_TIE` of ``best_trial`` (at most 3), or None;
-    those predicted not to fit (``headroom_gib`` < 0) are left out and counted."""
+    """One sentence naming the fitting predicted trials within :data:`PREDICTED_TIE`, or None."""
     ties = predicted_ties(rows, best_trial)
     fit = [(t, gap) for t, gap in ties if not t.headroom_gib < 0]
     over = len(ties) - len(fit)
@@ -270,8 +253,7 @@ def predicted_ties_text(rows: list[TrialRow], best_trial: int) -> str | None:
 
 
 def ties_note(rows: list[TrialRow], trial: int) -> list[str]:
-    """A recipe note naming the measured trials within noise of ``trial`` (:func:`measured_ties`), or, for a predicted
-    ``trial``, the predicted ones within :data:`PREDICTED_TIE` (:func:`predicted_ties_text`); ``[]`` when none."""
+    """A recipe note naming the trials tied with ``trial`` (measured or predicted), or ``[]``."""
     pred = predicted_ties_text(rows, trial)
     if pred is not None:
         return [pred[0].upper() + pred[1:] + "."]
@@ -290,8 +272,7 @@ def ties_note(rows: list[TrialRow], trial: int) -> list[str]:
 
 
 def runs_summary(row: TrialRow) -> str | None:
-    """``3 runs: 37,065, 41,577, 39,100 tokens/s/GPU (SD 5.8%); 1 more ran out of memory (150.0 GiB)``, for a
-    row with confirmation runs (``--confirm-runs``, :func:`tuner.study.trial_rows`), else None."""
+    """``3 runs: 37,065, 41,577, 39,100 tokens/s/GPU (SD 5.8%); ...`` for confirmed rows, else None."""
     runs, failed = row.runs_tokens_per_s_per_gpu, row.runs_failed
     if len(runs) < 2 and not failed:
         return None
@@ -324,11 +305,7 @@ def runs_note(row: TrialRow) -> list[str]:
 
 
 def write_pareto_csv(path: Path, front: list[dict[str, Any]], *, label: str = "", force: bool = False) -> None:
-    """One row per Pareto-optimal trial; the ``source`` column says predicted or measured.
-
-    Raises:
-        TunerError: as :func:`specs.files.write_output`.
-    """
+    """One row per Pareto-optimal trial; the ``source`` column says predicted or measured."""
     fh = io.StringIO(newline="")
     w = csv.writer(fh)
     w.writerow(FRONT_COLUMNS)
@@ -348,10 +325,8 @@ _TRIAL_PT = 12  # ... of an evaluated trial
 def _place_labels(ax: Any, points: list[tuple[float, float]], texts: list[str],
                   avoid: Sequence[tuple[float, float, float]],
                   *, lines: Sequence[Any] = (), bold: int | None = 0) -> list[Any]:
-    """Annotate ``points`` (data coordinates) with ``texts``, no two labels overlapping: each at the first offset of
-    :data:`_LABEL_RADII` x :data:`_LABEL_ANGLES` whose box stays in the axes and meets no placed label, marker of
-    ``avoid`` ((x, y, size in points**2)) or line of ``lines``; else the least-overlapping one. Returns the
-    annotations in the order of ``points``."""
+    """Annotate ``points`` with ``texts`` at the first offset (:data:`_LABEL_RADII` x :data:`_LABEL_ANGLES`) inside
+    the axes that meets no placed label, marker of ``avoid`` or line of ``lines``, else the least-overlapping one."""
     from matplotlib import patheffects
     from matplotlib.text import Text
 
@@ -413,9 +388,8 @@ def _overlap(a: Any, b: Any) -> float:
 
 def front_figure(rows: list[TrialRow], front: list[dict[str, Any]], title: str, usable_gib: float,
                  labelled: list[dict[str, Any]] | None = None) -> tuple[Any, list[Any]]:
-    """(figure, trial-number labels) of :func:`plot_front`: every trial of ``rows`` and the ``front`` (peak GiB vs
-    tokens/s/GPU), ``usable_gib`` a dashed line, the trial number next to each row of ``labelled`` (default: the first
-    15 of ``front``)."""
+    """(figure, trial-number labels) of :func:`plot_front`: every trial, the ``front``, ``usable_gib`` dashed, the
+    trial numbers of ``labelled`` (default: the first 15 of ``front``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -461,11 +435,7 @@ def front_figure(rows: list[TrialRow], front: list[dict[str, Any]], title: str, 
 
 def plot_front(path: Path, rows: list[TrialRow], front: list[dict[str, Any]], title: str, usable_gib: float,
                labelled: list[dict[str, Any]] | None = None, *, force: bool = False) -> None:
-    """The PNG of :func:`front_figure`.
-
-    Raises:
-        OSError: the PNG cannot be written.
-    """
+    """The PNG of :func:`front_figure`."""
     import matplotlib.pyplot as plt
 
     from tuner.plots import save_figure
@@ -481,23 +451,10 @@ def export_context(model: ModelSpec, cluster: Cluster, workload: Workload, layou
                    calibration: Any = None, memory_headroom: float = DEFAULT_MEMORY_HEADROOM, measurement: Any = None,
                    correctness: Any = None, notes: Sequence[str] = (), megatron_core: str | None = None,
                    options: Any = None, stack: str = "", user_args: Sequence[str] = (), bridge_yaml: str = "") -> Any:
-    """The :class:`launch.exporters.ExportContext` of ``layout``, with the cost model's estimate of it; its model as the
-    commands for ``megatron_core`` (None: the newest) build it (:func:`launch.exporters._flags.model_for_release`),
-    with a note when that differs.
-
-    Args:
-        calibration: the study's :class:`~cost_model.calibration.Calibration` (None: the shipped one).
-        memory_headroom: fraction of HBM kept free (the study's ``--memory-headroom``).
-        measurement: the trial's :class:`~launch.base.Measurement` (None: predicted only).
-        correctness: the ``tune verify`` block stored with the trial (None: not run).
-        notes: more recipe notes (confirmation runs, measured ties).
-        options: the study's :class:`specs.RunOptions` (None: the default stack's); ``stack`` its preset.
-        user_args: the user's own launch arguments the commands keep (``tune --from``).
-        bridge_yaml: the text of a ``--from`` Megatron-Bridge YAML (the ``bridge`` format writes into it).
-
-    Raises:
-        TunerError: the layout breaks a rule of the estimate.
-    """
+    """The :class:`launch.exporters.ExportContext` of ``layout`` with its estimate, the model as the commands for
+    ``megatron_core`` build it (:func:`launch.exporters._flags.model_for_release`; a note when that differs).
+    ``measurement``, ``correctness`` (``tune verify``), ``calibration`` and ``options``: None for none or the
+    shipped ones; ``user_args`` and ``bridge_yaml`` from ``tune --from``."""
     from launch.exporters import ExportContext
     from launch.exporters._flags import model_for_release
 
@@ -515,13 +472,7 @@ def export_context(model: ModelSpec, cluster: Cluster, workload: Workload, layou
 
 def export_files(out_dir: Path, model: ModelSpec, cluster: Cluster, workload: Workload, layout: Layout,
                  **context: Any) -> dict[str, Path]:
-    """Write every format the main job exports (:func:`launch.exporters.main_job_exporters`) for ``layout`` into
-    ``out_dir`` (``context`` as :func:`export_context` takes it); all are rendered before any is written. Returns the
-    paths by format name.
-
-    Raises:
-        TunerError: a format refuses the layout (e.g. the recipe fails its schema).
-        OSError: a file cannot be written."""
+    """Write every format the main job exports for ``layout``; the paths by format name."""
     from launch.exporters import main_job_exporters
 
     ctx = export_context(model, cluster, workload, layout, **context)

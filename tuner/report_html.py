@@ -1,9 +1,5 @@
-"""``results/<study>/report.html``: one self-contained page about a study (plotly.js inline, no network).
-
-The Pareto front of every trial with filters (dispatcher, recompute, pipeline size), the layouts within a chosen
-percentage of the fastest, the memory and time breakdown along the front, the measured ties and the study's files.
-Written from plotly figure specs and the installed ``plotly.min.js`` (plotly's Python API is slow to import).
-"""
+"""``results/<study>/report.html``: one self-contained page about a study, written from plotly figure specs and
+the installed ``plotly.min.js`` (plotly's Python API is slow to import)."""
 
 from __future__ import annotations
 
@@ -35,10 +31,7 @@ class ReportUnavailable(TunerError):
 
 
 def plotly_bundle() -> str:
-    """The installed plotly package's ``package_data/plotly.min.js`` (what ``include_plotlyjs=True`` inlines).
-
-    Raises:
-        ReportUnavailable: plotly is not installed, or its bundle is missing."""
+    """The installed plotly package's ``plotly.min.js`` (ReportUnavailable: plotly or its bundle is missing)."""
     spec = importlib.util.find_spec("plotly")
     if spec is None or spec.origin is None:
         raise ReportUnavailable("report.html needs the plotly package (pip install 'plotly>=5'; it is a dependency of "
@@ -71,8 +64,7 @@ def _row(r: TrialRow) -> dict[str, Any]:
     out: dict[str, Any] = {
         "trial": r.trial, "label": lay.label, "recompute": lay.recompute_label, "offload": lay.offload_label,
         "dispatcher": lay.dispatcher.value, "pp": lay.pp, "vpp": lay.vpp, "mbs": lay.micro_batch_size,
-        "split": _split(lay),
-        "tps": tps, "peak": peak, "headroom": _num(r.headroom_gib), "step": _num(r.step_time_s),
+        "split": _split(lay), "tps": tps, "peak": peak, "headroom": _num(r.headroom_gib), "step": _num(r.step_time_s),
         "source": src, "mfu": _num(r.mfu), "usd": _num(r.usd_per_million_tokens),
         "pred_tps": _num(r.pred_tokens_per_s_per_gpu), "pred_peak": _num(r.pred_peak_gib), "runs": r.runs,
     }
@@ -93,8 +85,7 @@ def _row(r: TrialRow) -> dict[str, Any]:
 
 
 def _near_best(rows: Sequence[dict[str, Any]], band: float) -> list[dict[str, Any]]:
-    """Rows within ``band`` of the fastest tokens/s/GPU, most headroom first (the page's table; its script does the
-    same)."""
+    """Rows within ``band`` of the fastest, most headroom first (the page's script does the same)."""
     ok = [r for r in rows if r["tps"] is not None and r["peak"] is not None]
     if not ok:
         return []
@@ -114,8 +105,7 @@ def _trace(name: str, rs: Sequence[dict[str, Any]], marker: dict[str, Any], *, p
 
 def _front_figure(rows: Sequence[dict[str, Any]], front: Sequence[dict[str, Any]], usable_gib: float,
                   kind: str) -> dict[str, Any]:
-    """The front's figure spec: every trial, the front as a staircase, the fastest as a star, the predictions of
-    measured trials."""
+    """The front's figure spec: every trial, the front, the fastest, measured trials' predictions."""
     pts = [r for r in rows if r["tps"] is not None and r["peak"] is not None]
     f = sorted(front, key=lambda r: r["peak"])
     data = [_trace("evaluated trials", pts, {"color": "#9aa5b1", "size": 7}),
@@ -280,19 +270,7 @@ def render_report(*, study: str, heading: str, rows: Sequence[TrialRow], front: 
                   breakdowns: Mapping[int, Estimate], usable_gib: float, ties: Sequence[Mapping[str, Any]] = (),
                   ties_of: int | None = None, files: Mapping[str, str] | None = None, notes: Sequence[str] = (),
                   near_best: float = NEAR_BEST) -> str:
-    """The page's HTML, plotly.js inline (no external resource).
-
-    Args:
-        heading: model, cluster, workload and backend, one line; ``notes``: more lines under it.
-        rows: every finished trial (:func:`tuner.study.trial_rows`); ``front``: the Pareto-optimal rows, fastest first.
-        breakdowns: trial number -> the :func:`cost_model.estimate.estimate` of each front layout.
-        usable_gib: HBM less the headroom (GiB).
-        ties: the measured trials within noise of trial ``ties_of`` (:func:`tuner.report.measured_ties`).
-        files: display name -> path relative to the page, of the study's files.
-        near_best: the default band of the near-the-fastest table (a fraction).
-
-    Raises:
-        TunerError: plotly's bundle cannot be read."""
+    """The page's HTML, plotly.js inline; ``breakdowns``: trial number -> estimate of each front layout."""
     data_rows = [_row(r) for r in rows]
     by_trial = {r["trial"]: r for r in data_rows}
     front_d = [by_trial[int(f["trial"])] for f in front if int(f["trial"]) in by_trial]
@@ -353,8 +331,7 @@ def render_report(*, study: str, heading: str, rows: Sequence[TrialRow], front: 
         "first. "
         + html.escape(" ".join(trend)) + "</p>",
         '<div id="fig-memory" class="figsm"></div>', '<div id="fig-time" class="figsm"></div>',
-        '<h2 id="ties">Ties within measurement noise</h2>', ties_html,
-        '<h2 id="files">Files</h2>', files_html,
+        '<h2 id="ties">Ties within measurement noise</h2>', ties_html, '<h2 id="files">Files</h2>', files_html,
         "<p class=\"meta\">Timelines of one predicted step (Chrome trace JSON, open in <a "
         "href=\"https://ui.perfetto.dev\">Perfetto</a> or chrome://tracing): <code>tune timeline --study "
         f"{html.escape(study)} --trial N</code>. The study in Optuna's dashboard: <code>optuna-dashboard "
@@ -371,8 +348,7 @@ def render_report(*, study: str, heading: str, rows: Sequence[TrialRow], front: 
 
 
 def _front_body(front_d: Sequence[Mapping[str, Any]], front: Sequence[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
-    """The rows of the front's table: the page's rows ``front_d`` with the intervals and fit of
-    :func:`tuner.report.front_rows`."""
+    """The front's table rows: ``front_d`` with :func:`tuner.report.front_rows`' intervals and fit."""
     bands = {int(f["trial"]): f for f in front}
 
     def band(t: int) -> str:
@@ -405,10 +381,7 @@ def _ties_html(ties: Sequence[Mapping[str, Any]], ties_of: int | None, sources: 
 
 
 def write_report(path: Path, *, force: bool = False, **kwargs: Any) -> Path:
-    """Write :func:`render_report` (same arguments) to ``path`` and return it.
-
-    Raises:
-        TunerError: plotly's bundle cannot be read, or as :func:`specs.files.write_output`."""
+    """Write :func:`render_report` (same arguments) to ``path`` and return it."""
     from specs.files import write_output
 
     return write_output(path, render_report(**kwargs), force=force)
@@ -418,12 +391,7 @@ def study_report(path: Path, *, study: str, model: Any, cluster: Any, workload: 
                  front: Sequence[Mapping[str, Any]], backend: str, calibration: Any = None,
                  memory_headroom: float = DEFAULT_MEMORY_HEADROOM, files: Mapping[str, Path] | None = None,
                  force: bool = False) -> Path:
-    """Write a study's ``report.html`` and return its path: the front layouts' breakdowns estimated with the study's
-    calibration, headroom and backend's run options, the measured ties of the fastest measured trial, and ``files``
-    (name -> path) linked relative to the page.
-
-    Raises:
-        TunerError: plotly's bundle cannot be read, or as :func:`specs.files.write_output` (``force``)."""
+    """Write a study's ``report.html`` and return its path."""
     import os
 
     from cost_model.calibration import DEFAULT_CALIBRATION

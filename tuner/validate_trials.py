@@ -1,18 +1,13 @@
-"""``tune validate --trials``: predict the rows a real-trial sweep measured and compare.
-
-Rows are JSON lines written by :mod:`launch.harness.sweep` (and ``benchmarks/h200_te.py``, which writes the same
-fields plus the megatron-core configuration each row ran, ``run_options``). Each finished row is predicted as the
-harness ran it: the model slice of its ``model`` field (``MiniMax-M2[4 layers]``), its GPUs, its workload and
-precision, its layout through :func:`launch.harness.spec.harness_layout`, and the run options of the stack it ran
-on: Transformer Engine or not (``run_options.harness.use_transformer_engine``, else ``versions.transformer_engine``),
-the harness's unfused SwiGLU, and the grad dtype, fp8 recipe and fused cross-entropy its ``run_options`` record.
-Each stack has its calibration: rows with TE the shipped one (``cost_model/data/calibration.yaml``), rows without
-TE :data:`NO_TE_CALIBRATION_FILE` (the no-TE harness's constants, fitted on the 1- and 2-GPU H200 trials,
-``docs/measurements.md``), unless ``--calibration`` names one for all.
+"""``tune validate --trials``: predict the rows a real-trial sweep measured (JSON lines of
+:mod:`launch.harness.sweep` or ``benchmarks/h200_te.py``) and compare. Each row is predicted as the harness ran it
+(model slice, GPUs, workload, :func:`launch.harness.spec.harness_layout`, the run options its stack recorded), with
+its stack's calibration: the shipped one with TE, :data:`NO_TE_CALIBRATION_FILE` without (``docs/measurements.md``),
+unless ``--calibration`` names one for all.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -43,6 +38,7 @@ from specs.errors import InfeasibleLayout, TunerError, enum_member
 from specs.files import RepeatedKey, read_user_text, unique_keys
 from specs.layout import Layout
 from specs.model import slice_model
+from tuner.report import _positive as _pos
 from tuner.report import pooled_spread
 
 __all__ = ["NO_TE_CALIBRATION_FILE", "SweepRow", "TrialPrediction", "json_lines", "predict_trials", "read_trials",
@@ -135,11 +131,7 @@ TE_ABSENT = ("", "not installed", "None")
 
 
 def _te_version(d: dict[str, Any]) -> str | None:
-    """The row's Transformer Engine release as "MAJOR.MINOR" ("2.20rc1": "2.20"), or None when it ran without TE.
-
-    Raises:
-        ValueError: ``versions.transformer_engine`` is neither absent nor a version string.
-    """
+    """The row's TE release as "MAJOR.MINOR", or None when it ran without TE."""
     v = (d.get("versions") or {}).get("transformer_engine")
     if v is None or (isinstance(v, str) and v.strip() in TE_ABSENT):
         return None
@@ -187,20 +179,11 @@ def _options(d: dict[str, Any], te: bool) -> RunOptions:
     tev = _te_version(d)
     if tev is not None:
         kw["te_version"] = tev
-    return RunOptions(**{**_fields(base), **kw})
-
-
-def _fields(o: RunOptions) -> dict[str, Any]:
-    return {k: getattr(o, k) for k in o.__dataclass_fields__}
+    return dataclasses.replace(base, **kw)
 
 
 def json_lines(path: str | Path, label: str, expected: str) -> Iterator[tuple[int, str, Any]]:
-    """``(line number, "LABEL, line N", value)`` of each non-blank line of a JSON-lines file (also read by the device
-    benchmarks' comparisons); ``expected`` ends a message about a bad line.
-
-    Raises:
-        TunerError: the file cannot be read (as UTF-8), or a line is not JSON, repeats a key in one object or is
-            past the parser's limits, named by ``label`` and its line."""
+    """``(line number, "LABEL, line N", value)`` of each non-blank line of a JSON-lines file."""
     lines = read_user_text(path, label, expected).splitlines()
     for i, line in enumerate(lines, start=1):
         if not line.strip():
@@ -223,13 +206,7 @@ _RAN_MODEL_FIELDS = (("num_layers", "num_layers"), ("hidden_size", "hidden_size"
 
 
 def _check_ran_model(d: dict[str, Any], model: ModelSpec, where: str) -> None:
-    """A row's ``model`` field must be the model its ``run_options.transformer`` says megatron-core built, and a row
-    without ``precision`` (older sweeps: bf16) must not have run fp8.
-
-    Raises:
-        TunerError: a field of ``run_options.transformer`` that differs from the model named (or its overrides), or
-            ``transformer.fp8`` set on a row with no ``precision``.
-    """
+    """Refuse (TunerError) a row whose model is not the one megatron-core built, or fp8 without a precision."""
     ran = (d.get("run_options") or {}).get("transformer")
     if ran is None:
         return
@@ -248,11 +225,7 @@ def _check_ran_model(d: dict[str, Any], model: ModelSpec, where: str) -> None:
 
 
 def read_trials(paths: list[str | Path]) -> tuple[list[SweepRow], list[str]]:
-    """``(rows, skipped)`` of sweep JSON-lines files: the finished rows and one line per row left out.
-
-    Raises:
-        TunerError: a file given twice or unreadable, a line that is not a JSON object, a row without a layout or of a
-            model that is not a bundled preset (or a slice of one)."""
+    """``(rows, skipped)`` of sweep JSON-lines files: the finished rows and one line per row left out."""
     rows: list[SweepRow] = []
     skipped: list[str] = []
     seen: dict[Path, str] = {}
@@ -326,16 +299,8 @@ def _read_row(d: dict[str, Any], where: str, label: str, source: str) -> SweepRo
                     extra={"ran_as": ran_as})
 
 
-def _pos(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-
-
 def predict_trials(rows: list[SweepRow], calibration: str | Path | None = None) -> list[TrialPrediction]:
-    """Predict each row with the calibration of its stack (``calibration`` for all when given).
-
-    Raises:
-        TunerError: an unreadable calibration file, or a row whose layout breaks a rule.
-    """
+    """Predict each row with the calibration of its stack (``calibration`` for all when given)."""
     cals: dict[bool, tuple[Calibration, str]] = {}
     if calibration is not None:
         c = load_calibration(calibration)
@@ -371,26 +336,21 @@ TIMING_SETTINGS = ("moe_permute_fusion", "megatron_fusions", "profile_step")
 
 
 def _timing_settings(d: dict[str, Any]) -> tuple[bool, ...]:
-    """Whether each of :data:`TIMING_SETTINGS` was on in row ``d`` (its ``options``, ``run_options.harness`` or
-    ``run_options.transformer``; absent, false and null read as off)."""
+    """Whether each of :data:`TIMING_SETTINGS` was on in row ``d``."""
     ro: dict[str, Any] = d["run_options"] if isinstance(d.get("run_options"), dict) else {}
     where = [x for x in (d.get("options"), ro.get("harness"), ro.get("transformer")) if isinstance(x, dict)]
     return tuple(any(w.get(k) not in (None, False, 0) for w in where) for k in TIMING_SETTINGS)
 
 
 def _configuration(r: SweepRow) -> tuple[Any, ...]:
-    """What ran, without where it was written: two rows with the same key are runs of one layout (the GPUs as parsed,
-    so ``1xh200`` and ``1xH200`` are one machine; the harness settings of :data:`TIMING_SETTINGS` apart)."""
+    """What ran: rows with the same key are runs of one configuration."""
     return (r.model, r.extra.get("ran_as", r.gpus), r.workload, r.layout, r.options, r.transformer_engine)
 
 
 def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
-    """How far separate runs of one configuration (model, GPUs, workload, layout, options, stack) spread.
-
-    ``spread``: the step times' pooled relative standard deviation (:func:`tuner.report.pooled_spread`) over the
-    configurations run more than once (None if none); ``noise_floor``: :data:`HALF_NORMAL_MEDIAN` x ``spread``, the
-    median |error| of a model exact on every mean; ``step_median_abs_error_of_means``: the predictions' against each
-    configuration's mean. A row equal to another's to the last digit is a copy, counted once (``identical_rows``)."""
+    """How far separate runs of one configuration spread: the step times' pooled relative SD
+    (:func:`tuner.report.pooled_spread`), :data:`HALF_NORMAL_MEDIAN` x that (the median |error| of a model exact on
+    every mean), the predictions' error against each mean; a row equal to another's to the last digit counts once."""
     groups: dict[tuple[Any, ...], list[TrialPrediction]] = {}
     measured: set[tuple[Any, ...]] = set()
     identical = 0
@@ -414,8 +374,7 @@ def run_spread(preds: list[TrialPrediction]) -> dict[str, Any]:
 
 
 def summarize_trials(preds: list[TrialPrediction]) -> dict[str, Any]:
-    """Median and max |error| of step time and of peak memory (against the reserved peak), Spearman of step time,
-    over all rows and per stack (``te`` / ``no_te``)."""
+    """Median and max |error| of step time and peak memory, Spearman, over all rows and per stack."""
 
     def one(ps: list[TrialPrediction]) -> dict[str, Any]:
         if not ps:

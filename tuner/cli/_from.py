@@ -56,8 +56,7 @@ class FromInputs:
 
 
 def _merge_flags(file_flags: Any, cli_flags: Any) -> Any:
-    """The launch's run flags under the command line's: a command-line flag replaces the file's of the same setting
-    (both gradient dtypes, the CUDA graph impl and scope, the cross-entropy fusion and its impl go together)."""
+    """The launch's run flags under the command line's (a flag replaces its group's)."""
     from specs.stacks import RunFlags
 
     f, c = file_flags.given(), cli_flags.given()
@@ -71,12 +70,7 @@ def _merge_flags(file_flags: Any, cli_flags: Any) -> Any:
 
 def launch_inputs(path: Path, ctx: Any, *, model: str | None, gpus: str | None, seq_len: int, global_batch: int,
                   precision: str, layers: int | None, run: RunChoice) -> FromInputs:
-    """Read ``path`` and fill the main job's inputs from it where the command line leaves them at their defaults
-    (``--gpus H200``: the count is the file's nodes x GPUs per node).
-
-    Raises:
-        TunerError: the file cannot be read (:func:`tuner.launch_file.read_launch`), names no model and no
-            ``--model`` is given, its GPUs are unknown or disagree, or its layout cannot be estimated."""
+    """The main job's inputs, ``path`` filling those the command line leaves at their defaults."""
     from specs import load_model, parse_gpus
     from specs.model import slice_model
     from specs.stacks import RunFlags
@@ -165,11 +159,7 @@ class CommandInputs(NamedTuple):
 def command_inputs(from_file: Path | None, ctx: Any, *, model: str | None, gpus: str | None, seq_len: int,
                    global_batch: int,
                    precision: str, layers: int | None, run: RunChoice, layout: Any = None) -> CommandInputs:
-    """The inputs of the main job, ``estimate`` and ``timeline``: the command line's, ``--from`` filling what it
-    leaves at its defaults (:func:`launch_inputs`), its layout under the given layout flags (:func:`launch_layout`).
-
-    Raises:
-        TunerError: as :func:`launch_inputs`."""
+    """The inputs of the main job, ``estimate`` and ``timeline``, ``--from`` filling the defaults."""
     if from_file is None:
         return CommandInputs(None, model, gpus, seq_len, global_batch, precision, layers, run, layout)
     fi = launch_inputs(from_file, ctx, model=model, gpus=gpus, seq_len=seq_len, global_batch=global_batch,
@@ -179,9 +169,8 @@ def command_inputs(from_file: Path | None, ctx: Any, *, model: str | None, gpus:
 
 
 def launch_layout(fi: FromInputs, layout: Any, ctx: Any) -> Any:
-    """The launch's layout flags under the command line's (:class:`tuner.cli._layout.LayoutFlags`): a flag given here
-    replaces the launch's of the same setting and its group (:data:`_LAYOUT_GROUPS`); ``ctx`` (the click context) says
-    which were given."""
+    """The launch's layout flags under the command line's: a flag given here (``ctx`` says which) replaces the
+    launch's of its group (:data:`_LAYOUT_GROUPS`)."""
     import dataclasses
 
     from tuner.cli._layout import LayoutFlags
@@ -200,8 +189,7 @@ def launch_layout(fi: FromInputs, layout: Any, ctx: Any) -> Any:
 
 
 def launch_summary(fi: FromInputs) -> dict[str, Any]:
-    """How the launch's arguments were read, for ``--json``: the file, its form, and the arguments understood, without
-    effect on the estimate and not understood."""
+    """How the launch's arguments were read, for ``--json``."""
     lf = fi.launch
     return {"file": str(lf.path), "kind": lf.kind, "understood": list(lf.understood), "no_effect": list(lf.no_effect),
             "not_understood": list(lf.not_understood), "notes": list(lf.model_notes)}
@@ -221,8 +209,7 @@ def baseline_estimate(prep: Any) -> tuple[Any, str]:
 
 
 def arguments_read(lf: Any, *, verbose: bool, hint: str = "--verbose or --json") -> str:
-    """How a launch file's arguments were read: every name with ``verbose``, else the first few of each list and where
-    to find them all (``hint``)."""
+    """How a launch file's arguments were read: all with ``verbose``, else a few and ``hint``."""
     if verbose:
         return str(lf.summary)
     short = str(lf.short_summary())
@@ -230,9 +217,8 @@ def arguments_read(lf: Any, *, verbose: bool, hint: str = "--verbose or --json")
 
 
 def launch_lines(prep: Any, fi: FromInputs, *, verbose: bool = False) -> list[str]:
-    """What the main job prints about the launch before the search: how its arguments were read (every name with
-    ``verbose``, else the first few of each list and ``--verbose`` / ``--json`` for all), its layout and its predicted
-    throughput and memory."""
+    """What the main job prints about the launch before the search: how its arguments were read, its layout and
+    its predicted throughput and memory."""
     lf = fi.launch
     lay = prep.config.job.baseline
     e, why = baseline_estimate(prep)
@@ -253,8 +239,7 @@ def launch_lines(prep: Any, fi: FromInputs, *, verbose: bool = False) -> list[st
 
 
 def layout_changes(launch: Layout, best: Layout) -> list[str]:
-    """What differs between two layouts (:class:`specs.Layout`), as ``name old->new``, in Megatron's order of
-    parallelism, then micro-batch, recompute, offload, dispatcher, optimizer and the pipeline split."""
+    """What differs between two layouts, as ``name old->new``, in Megatron's order."""
     a, b = launch, best
 
     def opt(x: Layout) -> str:
@@ -276,9 +261,8 @@ def layout_changes(launch: Layout, best: Layout) -> list[str]:
 
 
 def fit_verdict(prep: Any, peak_bytes: float) -> str:
-    """``fits``, ``may not fit`` or ``does NOT fit`` for a layout of the job predicted to peak at ``peak_bytes``, by
-    the job's fit rule: the 90% memory interval against the GPU (as ``tune estimate`` says it), or
-    ``--memory-headroom``'s margin."""
+    """``fits``, ``may not fit`` or ``does NOT fit`` for a peak of ``peak_bytes`` by the job's fit rule (the 90%
+    memory interval, or ``--memory-headroom``'s margin)."""
     hbm = prep.cluster.gpu.hbm_bytes
     if prep.config.search.memory_headroom is not None or prep.bars is None:
         return "fits" if peak_bytes <= hbm * (1 - prep.headroom) else "does NOT fit"
@@ -288,14 +272,8 @@ def fit_verdict(prep: Any, peak_bytes: float) -> str:
 
 def compare_line(prep: Any, best: dict[str, Any], rows: list[TrialRow] | None = None) -> str:
     """``your launch (trial T): N tokens/s/GPU measured|predicted (90%: LO-HI), X GiB; best: LABEL, M tokens/s/GPU,
-    Y GiB, +P%;`` then what to do. The launch's own trial among ``rows`` (the study's trial rows) gives its numbers,
-    measured when it was; else its prediction; a prediction's 90% interval is the job's error bars' (``prep.bars``,
-    as ``tune estimate`` gives it).
-
-    What to do: ``change: ...`` only for a gain beyond the model's error on a predicted ratio
-    (:func:`cost_model.uncertainty.ratio_within_error`) or a measured one; a predicted gain within it, or a loss (the
-    best is the least memory within 1% of the fastest that fits, :func:`tuner.report.pick_best`, so it can be a little
-    slower than the launch), says to keep the launch or measure both, and names the best's differences as such."""
+    Y GiB, +P%;`` then what to do: ``change: ...`` only for a measured gain or one beyond the model's error on a
+    predicted ratio (:func:`cost_model.uncertainty.ratio_within_error`), else keep the launch or measure both."""
     from specs import Layout
 
     base = Layout.from_dict(prep.config.job.baseline)

@@ -55,8 +55,7 @@ def _pct(x: float) -> str:
 def _read(data: list[Path]) -> tuple[list[Any], list[Any]]:
     from cost_model.validate import read_runs
 
-    runs, problems = read_runs([str(p) for p in data])
-    return runs, problems
+    return read_runs([str(p) for p in data])
 
 
 def _published_json(preds: list[Any], runs: list[Any], problems: list[Any], calibration: Path | None) -> dict[str, Any]:
@@ -84,8 +83,7 @@ def _published_json(preds: list[Any], runs: list[Any], problems: list[Any], cali
     groups = [{**g, "group": list(g["group"])} for g in summarize(preds)]
     allp = summarize(preds, key=lambda p: ("all", "all"))[0]
     return {
-        "calibration": str(calibration) if calibration else "shipped (cost_model/data/calibration.yaml)",
-        "rows": rows,
+        "calibration": str(calibration) if calibration else "shipped (cost_model/data/calibration.yaml)", "rows": rows,
         "not_representable": [{"id": r.run_id, "row": r.row, "model": r.model_name,
                                "reason": r.unrepresentable} for r in runs if r.unrepresentable],
         "unreadable": [{"row": pr.row, "id": pr.run_id, "column": pr.column, "message": pr.message} for pr in problems],
@@ -106,8 +104,7 @@ def _trial_bands(p: Any) -> dict[str, Any]:
 
 
 def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: bool) -> dict[str, Any]:
-    """``--trials``: predict each finished sweep row with its stack's calibration; print (or return) rows and
-    summary."""
+    """``--trials``: predict each sweep row with its stack's calibration; print (or return) them."""
     from tuner.validate_trials import predict_trials, read_trials, summarize_trials
 
     trows, skipped = read_trials([str(t) for t in trials])
@@ -125,8 +122,7 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
                   "peak_gib": {"measured_reserved": p.row.peak_reserved_gib,
                                "measured_allocated": p.row.peak_allocated_gib,
                                "predicted": p.peak_gib, "error": p.memory_error}, **_trial_bands(p)} for p in preds],
-        "skipped": skipped,
-        "summary": summ,
+        "skipped": skipped, "summary": summ,
     }
     if as_json:
         return data
@@ -155,8 +151,8 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
                       "-" if not math.isfinite(v["step_spearman"]) else f"{v['step_spearman']:+.2f}",
                       f"{v['memory_median_abs_error'] * 100:.1f}%", f"{v['memory_max_abs_error'] * 100:.1f}%"])
     out.print(fitted_table([Col("stack"), Col("rows", "right"), Col("step median", "right"), Col("step max", "right"),
-                            Col("Spearman", "right"),
-                            Col("memory median", "right"), Col("memory max", "right")], srows))
+                            Col("Spearman", "right"), Col("memory median", "right"), Col("memory max", "right")],
+                           srows))
     sp = summ["run_spread"]
 
     def n(k: int, what: str) -> str:
@@ -174,8 +170,7 @@ def _trials(trials: list[Path], calibration: Path | None, as_json: bool, rows: b
     else:
         say("run-to-run spread: no configuration ran twice in these files "
             f"({n(sp['configurations'], 'configuration')}): the step errors above include the machine's run-to-run "
-            f"spread, which these rows cannot measure{copies}",
-            indent=0, hang=2, markup=False)
+            f"spread, which these rows cannot measure{copies}", indent=0, hang=2, markup=False)
     return data
 
 
@@ -269,8 +264,7 @@ def validate(
 
 
 def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[tuple[Any, TrialRow]]:
-    """Measured trials of a study made by ``tune``: each as a run (the study's model, cluster and workload) and its
-    row."""
+    """Measured trials of a study, each as a run (the study's model, cluster, workload) and its row."""
     from cost_model.validate import Run
     from tuner.study import trial_rows
 
@@ -292,8 +286,7 @@ def _study_runs(study: str, storage: str | None, results_dir: Path) -> list[tupl
 
 
 def _study_observations(study: str, storage: str | None, results_dir: Path) -> tuple[list[Any], list[str]]:
-    """Measured trials of a study as observations (step time, peak reserved memory) and their notes
-    (the software stack the trials ran on, e.g. no Transformer Engine)."""
+    """Measured trials of a study as observations, and their notes on the stack they ran on."""
     from cost_model.calibrate import Observation
 
     obs, notes = [], []
@@ -310,8 +303,7 @@ def _study_observations(study: str, storage: str | None, results_dir: Path) -> t
 
 
 def _check_writable(path: Path, force: bool) -> None:
-    """Raise TunerError now if ``path`` cannot be written (the fit would otherwise be lost), is a study's own file, or
-    holds another kind of file than the calibration YAML (its first line, ``provenance:``)."""
+    """Raise TunerError now (not after the fit) if ``--out`` cannot or must not be written."""
     import os
 
     from specs.files import refuse_another_kind
@@ -326,8 +318,7 @@ def _check_writable(path: Path, force: bool) -> None:
 
 @app.command()
 def calibrate(
-    ctx: typer.Context,
-    data: DataOpt = None,
+    ctx: typer.Context, data: DataOpt = None,
     study: Annotated[str | None, typer.Option("--study", help=(
         "Fit to the measured trials of this study (made by `tune`)."))] = None,
     storage: Annotated[str | None, typer.Option("--storage", help="Optuna storage URL of --study.")] = None,
@@ -387,14 +378,12 @@ def calibrate(
                 *(["--study", study] if study else []), "--out", out_file),
             "data": [str(d) for d in (data or [])] + ([f"study {study}"] if study else []),
             "date": datetime.date.today().isoformat(),
-            "machine": f"{platform.machine()}, Python {platform.python_version()}",
-            "runs_fitted": fit.rows,
+            "machine": f"{platform.machine()}, Python {platform.python_version()}", "runs_fitted": fit.rows,
             "runs_not_representable": sum(1 for r in runs if r.unrepresentable),
             "rows_with_unreadable_cells": _bad_rows(problems),
             "method": "scipy.optimize.least_squares (trf, soft_l1 loss, f_scale 0.25) on log(predicted / published); "
             "seed rows weight 3",
-            "fitted": list(fit.fitted),
-            "in_sample_median_abs_error": round(fit.median_abs_error, 4),
+            "fitted": list(fit.fitted), "in_sample_median_abs_error": round(fit.median_abs_error, 4),
         },
         "constants": {k: float(v) for k, v in fit.calibration.to_dict().items() if k in fit.fitted},
     }
@@ -428,8 +417,7 @@ def calibrate(
 
 def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_file: Path, start: Any,
                      calibration: Path | None, max_nfev: int, force: bool) -> None:
-    """``tune calibrate --study NAME`` alone: step-time constants to the measured step times and
-    memory constants to the measured peak (reserved) memory of the study's trials."""
+    """``tune calibrate --study NAME`` alone: fit to the study's measured step times and peaks."""
     import numpy as np
 
     from cost_model.calibrate import TRIAL_STEP_NAMES, fit_observations, predict_observations
@@ -454,8 +442,7 @@ def _calibrate_study(study: str, storage: str | None, results_dir: Path, out_fil
         "provenance": {
             "command": shell_command("tune", "calibrate", "--study", study,
                                      *(["--calibration", calibration] if calibration else []), "--out", out_file),
-            "data": [f"study {study}"],
-            "date": datetime.date.today().isoformat(),
+            "data": [f"study {study}"], "date": datetime.date.today().isoformat(),
             "machine": f"{platform.machine()}, Python {platform.python_version()}",
             "stack": f"measured trials; trial notes: {stack}",
             "caution": "these constants describe the software stack and machine the trials ran on (see stack); "

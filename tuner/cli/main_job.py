@@ -1,8 +1,5 @@
-"""The main job, ``tune --model M --gpus G``: enumerate, check, estimate, search, show the front, export.
-
-It is the root callback of the ``tune`` app (:mod:`tuner.cli`): with no sub-command it runs; with
-one, it returns and the sub-command runs.
-"""
+"""The main job, ``tune --model M --gpus G``: enumerate, check, estimate, search, show the front, export (the root
+callback of the ``tune`` app: with a sub-command it returns)."""
 
 from __future__ import annotations
 
@@ -104,23 +101,13 @@ StopGainOpt = Annotated[float, typer.Option("--stop-gain", rich_help_panel="Tria
 
 @run_options
 def main_job(
-    ctx: typer.Context,
-    run: RunChoice,
-    model: ModelOpt = None,
-    gpus: GpusOpt = None,
-    gpus_per_node: PerNodeOpt = None,
-    network_gbps: NetOpt = None,
-    network: NetworkOpt = None,
-    megatron_core: MegatronCoreOpt = None,
-    host_memory_gib: HostMemOpt = None,
-    usd_per_gpu_hour: PriceOpt = None,
-    seq_len: SeqOpt = 8192,
-    global_batch: GbsOpt = 128,
-    precision: PrecOpt = "bf16",
+    ctx: typer.Context, run: RunChoice, model: ModelOpt = None, gpus: GpusOpt = None, gpus_per_node: PerNodeOpt = None,
+    network_gbps: NetOpt = None, network: NetworkOpt = None, megatron_core: MegatronCoreOpt = None,
+    host_memory_gib: HostMemOpt = None, usd_per_gpu_hour: PriceOpt = None, seq_len: SeqOpt = 8192,
+    global_batch: GbsOpt = 128, precision: PrecOpt = "bf16",
     space: Annotated[Path | None, typer.Option("--space", rich_help_panel="Search", help=(
         "Search-space YAML (copy search_spaces/default_space.yaml)."))] = None,
-    calibration: CalOpt = None,
-    memory_headroom: HeadroomOpt = None,
+    calibration: CalOpt = None, memory_headroom: HeadroomOpt = None,
     trials: Annotated[int | None, typer.Option("--trials", rich_help_panel="Search", help=(
         "Layouts to evaluate in this run (default 48; sampled layouts that are invalid, do not fit or were evaluated "
         "before do not count): the predicted front and fastest candidates first, then NSGA-II."))] = None,
@@ -128,18 +115,11 @@ def main_job(
         "model (analytical, default), local (real trials: the megatron-core harness under torchrun on this machine's "
         "GPUs), ray (the harness on a Ray cluster's nodes) or command (your slime / Megatron-LM launch command, "
         "--command-template)."))] = "model",
-    layers: LayersOpt = None,
-    trial_steps: TrialStepsOpt = 20,
-    trial_warmup_steps: TrialWarmupStepsOpt = None,
-    trial_timeout: TrialTimeoutOpt = 900.0,
-    trial_profile_step: TrialProfileStepOpt = None,
-    command_template: CommandTemplateOpt = None,
-    recalibrate_after: RecalibrateAfterOpt = 4,
-    confirm_runs: ConfirmRunsOpt = 0,
-    ray_address: RayAddressOpt = None,
-    parallel_trials: ParallelTrialsOpt = 1,
-    trial_env: TrialEnvOpt = None,
-    prune_margin: PruneMarginOpt = 0.25,
+    layers: LayersOpt = None, trial_steps: TrialStepsOpt = 20, trial_warmup_steps: TrialWarmupStepsOpt = None,
+    trial_timeout: TrialTimeoutOpt = 900.0, trial_profile_step: TrialProfileStepOpt = None,
+    command_template: CommandTemplateOpt = None, recalibrate_after: RecalibrateAfterOpt = 4,
+    confirm_runs: ConfirmRunsOpt = 0, ray_address: RayAddressOpt = None, parallel_trials: ParallelTrialsOpt = 1,
+    trial_env: TrialEnvOpt = None, prune_margin: PruneMarginOpt = 0.25,
     from_file: Annotated[Path | None, typer.Option("--from", rich_help_panel="Job", help=(
         "Your launch: a Megatron-LM / slime argument list or shell script (MODEL_ARGS=(...) arrays expanded), a "
         "recipe.yaml, a Megatron-Bridge YAML (override, perf_matrix config or saved ConfigContainer; give --model) or "
@@ -148,16 +128,13 @@ def main_job(
     allow_config_args: Annotated[bool, typer.Option("--allow-config-args", rich_help_panel="Job", help=(
         "Use the launch arguments a --model config.json adds (its tuner.extra_megatron_args): printed, and recorded in "
         "the recipe."))] = False,
-    study: StudyOpt = None,
-    storage: StorageOpt = None,
+    study: StudyOpt = None, storage: StorageOpt = None,
     resume: Annotated[bool, typer.Option("--resume", rich_help_panel="Study", help=(
         "Evaluate more layouts in an existing study (48, after any an interrupted run left queued). Without it or "
         "--trials, re-running a command shows its study as it is."))] = False,
     results_dir: ResultsOpt = Path("results"),
     seed: Annotated[int, typer.Option("--seed", help="Sampler seed.", rich_help_panel="Study")] = 0,
-    trial_policy: TrialPolicyOpt = "gain",
-    gpu_hours: GpuHoursOpt = None,
-    stop_confidence: StopConfidenceOpt = 0.9,
+    trial_policy: TrialPolicyOpt = "gain", gpu_hours: GpuHoursOpt = None, stop_confidence: StopConfidenceOpt = 0.9,
     stop_gain: StopGainOpt = 0.02,
     top: Annotated[int, typer.Option("--top", min=0, rich_help_panel="Output", help=(
         "Rows of the Pareto table to print (0 = all)."))] = 7,
@@ -188,12 +165,7 @@ def main_job(
 
 
 def _tune_config(a: dict[str, Any]) -> Any:
-    """The :class:`tuner.study.TuneConfig` of :func:`main_job`'s arguments ``a`` (with those ``--from`` gives): each
-    option group of the options named as its fields, and the rest converted.
-
-    Raises:
-        TunerError: no ``--model`` or ``--gpus``; ``--lora-rank`` or ``--lora-target-modules`` without ``--task lora``.
-    """
+    """The :class:`tuner.study.TuneConfig` of :func:`main_job`'s arguments ``a``."""
     from tuner.study import config as c
 
     def group(kind: Any, **kw: Any) -> Any:
@@ -240,12 +212,7 @@ def _with_trials(argv: Sequence[str], left: int) -> list[str]:
 
 def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: Any = None, *, verbose: bool = False,
               png: bool = False) -> None:
-    """Run the main job of ``cfg`` and print it; ``state.argv`` is the command a resume repeats.
-
-    Raises:
-        TunerError: bad inputs or flag combinations, a refused study, a backend that cannot run here,
-            no finished trial, or results that cannot be written.
-    """
+    """Run the main job of ``cfg`` and print it; ``state.argv`` is the command a resume repeats."""
     from tuner.study import trial_rows
 
     prep = _prepare_main(cfg)
@@ -259,12 +226,7 @@ def _run_main(cfg: Any, top: int, results_dir: Path, state: CliState, launch: An
 
 
 def _prepare_main(cfg: Any) -> Any:
-    """The study's :class:`tuner.study.Prepared`, after the flags, the backend and (local backend) this machine are
-    checked.
-
-    Raises:
-        TunerError: bad flag combinations, a backend that cannot run here, too few GPUs or no torch here.
-    """
+    """The study's :class:`tuner.study.Prepared`, after the flags, the backend and this machine are checked."""
     from launch import BackendSettings, backend_class, get_backend
     from tuner.study import _validate_config, prepare
 
@@ -338,12 +300,7 @@ def _run_with_progress(prep: Any, cfg: Any, state: CliState) -> Any:
 
 def _choose_best(res: Any, rows: list[TrialRow], prep: Any, cfg: Any) -> tuple[list[dict[str, Any]],
                                                                                      dict[str, Any], list[Any]]:
-    """The Pareto front, the best row (the gain policy's choice when it stopped by its rule) and the rows tied with it;
-    the best trial is recorded in the study.
-
-    Raises:
-        TunerError: no finished trial.
-    """
+    """The Pareto front, the best row (recorded in the study) and the rows tied with it."""
     from tuner.report import BEST_TRIAL_ATTR, front_rows, pick_best
     from tuner.study.run import POLICY_BEST_ATTR
 
@@ -368,12 +325,7 @@ def _choose_best(res: Any, rows: list[TrialRow], prep: Any, cfg: Any) -> tuple[l
 
 def _write_results(res: Any, prep: Any, cfg: Any, rows: list[TrialRow], front: list[dict[str, Any]],
                    best: dict[str, Any], *, top: int, png: bool) -> tuple[dict[str, Path], str]:
-    """``pareto.csv``, the plot (``png``), the exported recipe files and ``report.html`` in the study's folder:
-    the files written and a note when the report was left out.
-
-    Raises:
-        TunerError: the folder cannot be written (the study is kept).
-    """
+    """Write the study folder's outputs; the files written and a note when the report was left out."""
     from tuner.report import export_files, plot_front, write_pareto_csv
     from tuner.study import _mask
 
@@ -420,8 +372,7 @@ def _write_results(res: Any, prep: Any, cfg: Any, rows: list[TrialRow], front: l
 
 
 def _study_counts(res: Any, evaluated: int, measured: bool) -> str:
-    """``Study NAME: 102,561 layouts evaluated in total (2,000 now; ...)``: ``evaluated`` in the study, ``res``'s
-    counts of this run (pruned, failed and GPU-hours where a backend ran trials)."""
+    """``Study NAME: 102,561 layouts evaluated in total (2,000 now; ...)``."""
     ran = (f"; {res.pruned_now:,} pruned, {res.failed_now:,} failed; {res.gpu_hours_now:,.1f} GPU-hours"
            if measured else "")
     return f"Study {escape(res.study_name)}: {evaluated:,} layouts evaluated in total ({res.evaluated_now:,} now{ran})"
@@ -510,8 +461,7 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[Tr
 
 
 def _real_trial_args(argv: tuple[str, ...], prep: Any, cfg: Any) -> list[str]:
-    """The user's arguments for the same job with real trials: without the output flags, --trials (the policy and the
-    budget decide) and --study (real trials go to a study of their own)."""
+    """The user's arguments for the same job with real trials (no output flags, --trials, --study)."""
     args = _drop_args(argv, {"--trials", "--study", "--top"}, ("-v", "--verbose", "--png"))
     return args or ["--model", prep.model.name, "--gpus", cfg.job.gpus]
 
@@ -546,16 +496,14 @@ def _print_space(prep: Any, cfg: Any) -> None:
     say(f"Valid: {fmt_int(prep.n_valid)}; "
         f"not fitting ({rule}): {fmt_int(prep.n_valid - prep.n_fit - prep.n_over_host)}; "
         f"over host memory: {fmt_int(prep.n_over_host)}; candidates: {fmt_int(prep.n_fit)}, "
-        f"of which surely slower than the best: {fmt_int(int((prep.fits & ~prep.contenders).sum()))}",
-        indent=0, hang=2)
+        f"of which surely slower than the best: {fmt_int(int((prep.fits & ~prep.contenders).sum()))}", indent=0, hang=2)
     for note in en.notes:
         say(note, label="note:", indent=0, markup=False)
     out.print(f"(enumerated and checked in {prep.enumerate_seconds:.2f} s, estimated in {prep.estimate_seconds:.2f} s)")
 
 
 def _print_best(best: dict[str, Any], tied: list[dict[str, Any]], pls: str, hbm_gib: float, moe: bool) -> None:
-    """The result block: the layout, its throughput and memory with their 90% intervals, the layout string, ties
-    (the token dispatcher only for a MoE model)."""
+    """The result block: the layout, its numbers with their 90% intervals, the layout string, ties."""
     src = best["source"]
     out.print(f"[bold green]Best layout[/] ({src}, trial {best['trial']}): [bold]{best['label']}[/]")
     dispatcher = f"{best['dispatcher']}, " if moe else ""

@@ -39,12 +39,7 @@ app = typer.Typer()
 
 def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], lay: Any, row: TrialRow | None,
                          rows: list[TrialRow], correctness: Any = None) -> Any:
-    """The :class:`launch.exporters.ExportContext` of ``lay`` in study ``st``: the study's calibration and headroom,
-    the trial ``row``'s measurement and notes (confirmation runs, measured ties), and ``correctness``.
-
-    Raises:
-        TunerError: the layout breaks a rule of the estimate.
-    """
+    """The :class:`launch.exporters.ExportContext` of ``lay`` in study ``st`` and trial ``row``."""
     from cost_model.calibration import Calibration
     from tuner.cli._common import stored_run
     from tuner.report import export_context, runs_note, ties_note
@@ -62,11 +57,7 @@ def study_export_context(st: Any, m: Any, c: Any, w: Any, cfg: dict[str, Any], l
 
 def study_front(study: str | None, storage: str | None, results_dir: Path, output: tuple[str, Path | None, str], *,
                 force: bool) -> tuple[Any, Any, Any, Any, dict[str, Any], list[TrialRow], list[dict[str, Any]]]:
-    """(study, model, cluster, workload, config, trial rows, front rows) of a study with a finished trial; ``output``
-    (option, path or None, its file name in a study's folder) is checked before the study is opened.
-
-    Raises:
-        TunerError: an output that would overwrite a study, a study that cannot be opened or has no finished trial."""
+    """(study, model, cluster, workload, config, rows, front) of a study; ``output`` is checked first."""
     from cost_model.uncertainty import error_bars
     from tuner.report import front_rows
     from tuner.study import trial_rows
@@ -113,8 +104,7 @@ def pareto(
     if any(r.pred_tokens_per_s_per_gpu == r.pred_tokens_per_s_per_gpu for r in rows) and ("measured" in srcs or real):
         out.print("Predicted vs measured, every real trial (tokens/s/GPU; peak GiB)")
         lines = [(r.trial, r.layout.label, "measured", r.pred_tokens_per_s_per_gpu, r.tokens_per_s_per_gpu,
-                  r.pred_peak_gib, r.peak_gib)
-                 for r in rows if r.source == "measured"]
+                  r.pred_peak_gib, r.peak_gib) for r in rows if r.source == "measured"]
         for tr in real:
             a = tr.user_attrs.get("pruned") or tr.user_attrs["failure"]
             if "pruned" in tr.user_attrs:
@@ -130,13 +120,12 @@ def pareto(
             cells.append([str(n), label, outcome, f"{ptps:,.1f}", f"{mtps:,.1f}" if mtps == mtps else "-", rel,
                           f"{pgib:.1f}", f"{mgib:.1f}" if mgib == mgib else "-"])
         out.print(fitted_table([Col("trial", "right"), Col("layout"), Col("outcome"), Col("predicted", "right"),
-                                Col("measured", "right"),
-                                Col("err %", "right"), Col("pred. GiB", "right", 2), Col("GiB", "right", 1)], cells))
+                                Col("measured", "right"), Col("err %", "right"), Col("pred. GiB", "right", 2),
+                                Col("GiB", "right", 1)], cells))
     for rec in st.user_attrs.get("recalibrations", []):
         if "error" in rec:
             say(f"refit after {rec['after_measured_trials']} measured trials failed ({rec['error']}); the previous "
-                "constants were kept",
-                indent=0, hang=2, markup=False)
+                "constants were kept", indent=0, hang=2, markup=False)
         else:
             se = rec.get("step_median_abs_error")
             out.print(f"refit after {rec['after_measured_trials']} measured trials: step-time median error {se:.1%} in "

@@ -84,10 +84,7 @@ CompareOpt = Annotated[list[Path] | None, typer.Option("--compare", help=(
 @layout_options
 @run_options
 def timeline(
-    ctx: typer.Context,
-    layout: LayoutFlags,
-    run: RunChoice,
-    from_file: FromOpt = None,
+    ctx: typer.Context, layout: LayoutFlags, run: RunChoice, from_file: FromOpt = None,
     study: StudyOpt = None, trial: TrialOpt = None, storage: StorageOpt = None,
     results_dir: ResultsOpt = Path("results"),
     model: ModelOpt = None, gpus: GpusOpt = None, layers: LayersOpt = None, gpus_per_node: PerNodeOpt = None,
@@ -160,11 +157,7 @@ def timeline(
 
 
 def _read_trace(path: Path) -> dict[str, Any]:
-    """A trace ``tune timeline`` wrote (for ``--compare``).
-
-    Raises:
-        TunerError: the file cannot be read, is not JSON, or is not such a trace.
-    """
+    """A trace ``tune timeline`` wrote (for ``--compare``); TunerError for any other file."""
     from cost_model.timeline import check_trace
 
     try:
@@ -184,9 +177,8 @@ def _flags_layout(layout: LayoutFlags, model: str | None, gpus: str | None, laye
                   usd: float | None, seq_len: int, global_batch: int, precision: str, calibration: Path | None,
                   memory_headroom: float | None, network: str | None = None, megatron_core: str | None = None,
                   run: RunChoice | None = None) -> tuple[Any, str, str]:
-    """(estimate details, title, the stack's line) of the layout the flags give, with the run options of ``run`` (None:
-    the default stack's); refused as ``tune estimate`` refuses it (the network's and the megatron-core release's rules
-    included)."""
+    """(estimate details, title, the stack's line) of the layout the flags give, with the run options of ``run``;
+    refused as ``tune estimate`` refuses it."""
     from cost_model.calibration import load_calibration
     from cost_model.estimate import estimate_details
     from specs.stacks import RunFlags

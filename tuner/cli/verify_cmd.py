@@ -23,9 +23,7 @@ app = typer.Typer(add_completion=False)  # one command: typer would add --instal
 
 @app.command()
 def verify(
-    study: StudyNameOpt = None,
-    storage: StorageOpt = None,
-    results_dir: ResultsOpt = Path("results"),
+    study: StudyNameOpt = None, storage: StorageOpt = None, results_dir: ResultsOpt = Path("results"),
     trial: Annotated[int | None, typer.Option("--trial", help=(
         "Trial whose layout is checked (default: the study's best, the layout tune recommended: of those that ran or "
         "are predicted to fit, the least memory within 1% of the fastest)."))] = None,
@@ -128,11 +126,7 @@ def _convergence(st: Any, m: Any, c: Any, w: Any, cfg: Any, lay: Any, ref: Any, 
                  name: str, results_dir: Path, steps: int, lr: float, lr_warmup_steps: int, warm_start_steps: int,
                  init_checkpoint: Path | None, corpus: Path | None, fault: str | None, timeout: float,
                  keep_checkpoint: bool, out_file: Path | None) -> None:
-    """The convergence check of ``tune verify``: both arms trained, their loss curves compared, the block stored.
-
-    Raises:
-        typer.Exit: code 1 when the check did not pass.
-    """
+    """The convergence check of ``tune verify`` (``typer.Exit`` 1 when it did not pass)."""
     from tuner.verify.correctness import stored_correctness
     from tuner.verify.loss_check import VerifyOutcome, convergence_block, local_backend_factory, plan_verify, run_verify
 
@@ -183,8 +177,7 @@ def _store(st: Any, key: str, value: Any, where: str) -> None:
 
 def _component(kind: str, study: str | None, storage: str | None, results_dir: Path, experts: int | None,
                max_experts: int, moments: str, component_steps: str, timeout: float, out_file: Path | None) -> None:
-    """``tune verify --component optimizer``: the optimizer component test
-    (:func:`tuner.verify.component.run_component_test`)."""
+    """``tune verify --component optimizer`` (:func:`tuner.verify.component.run_component_test`)."""
     from tuner.verify.component import plan_component_test, run_component_test
     from tuner.verify.correctness import stored_correctness
 

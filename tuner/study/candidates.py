@@ -1,7 +1,5 @@
-"""The candidates and the queue: how a layout is an Optuna trial's parameters (:class:`CandidateIndex`), which
-candidates a run puts in front of the sampler and in what order (:class:`CandidateQueue`: the predicted front
-spread over memory, the fastest predicted, the re-ranked rest after a recalibration, the next unevaluated
-candidate when the sampler proposes only skips)."""
+"""How a layout is an Optuna trial's parameters (:class:`CandidateIndex`), and which candidates a run puts in front
+of the sampler, in what order (:class:`CandidateQueue`)."""
 
 from __future__ import annotations
 
@@ -25,22 +23,15 @@ MAX_ENQUEUED = 256
 
 #: Search dimensions (Optuna parameters) and the LayoutTable columns each one sets.
 DIMENSIONS: dict[str, tuple[str, ...]] = {
-    "tp": ("tp", "sequence_parallel"),
-    "pp": ("pp",),
-    "vpp": ("vpp",),
-    "cp": ("cp",),
-    "ep": ("ep",),
-    "etp": ("etp",),
+    "tp": ("tp", "sequence_parallel"), "pp": ("pp",), "vpp": ("vpp",), "cp": ("cp",), "ep": ("ep",), "etp": ("etp",),
     "micro_batch_size": ("micro_batch_size",),
     "recompute": ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules"),
     "optimizer_offload_fraction": ("optimizer_offload_fraction",),
-    "overlap_cpu_optimizer_d2h_h2d": ("overlap_cpu_optimizer_d2h_h2d",),
-    "dispatcher": ("dispatcher",),
+    "overlap_cpu_optimizer_d2h_h2d": ("overlap_cpu_optimizer_d2h_h2d",), "dispatcher": ("dispatcher",),
     "pipeline_split": ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"),
     "use_distributed_optimizer": ("use_distributed_optimizer",),
     "use_precision_aware_optimizer": ("use_precision_aware_optimizer",),
-    "exp_avg_dtype": ("exp_avg_dtype",),
-    "exp_avg_sq_dtype": ("exp_avg_sq_dtype",),
+    "exp_avg_dtype": ("exp_avg_dtype",), "exp_avg_sq_dtype": ("exp_avg_sq_dtype",),
 }
 
 #: A dense lookup table is used for integer codes up to this range (else a sort).
@@ -67,9 +58,7 @@ def _label(dim: str, layout: Layout) -> str:
 
 
 def _dense_codes(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """For small non-negative-range integers: each row's index into the sorted distinct values, the first row of
-    each distinct value, and their count; exactly ``np.unique(a, return_index=True, return_inverse=True)``, in O(n)
-    with a lookup table instead of a sort. None when the range is too wide for a table."""
+    """``np.unique``'s (inverse, first index, count) by a lookup table; None for a wide range."""
     lo, hi = int(a.min()), int(a.max())
     if hi - lo >= _DENSE_RANGE:
         return None
@@ -94,8 +83,7 @@ def _unique(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def _column_codes(table: LayoutTable, name: str) -> tuple[np.ndarray, int]:
-    """Each row's code in a LayoutTable column and the number of codes (the column's distinct values in the order
-    ``np.unique`` sorts numbers and :func:`specs.layout.categories` orders strings)."""
+    """Each row's code in a LayoutTable column, and the number of codes."""
     if name not in table.cats:
         col = table[name]
         if col.dtype.kind in "biu":
@@ -133,9 +121,7 @@ _FEW_CATEGORIES = 256
 
 
 def _dimension_codes(table: LayoutTable, cols: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, int]:
-    """:func:`_row_codes` of a search dimension. When its columns are codes into categories that share one array (as
-    :func:`search_spaces.space.enumerate_layouts` makes them), the combinations are found among the first row of each
-    category used and spread to the rows by their code (the inverse as narrow as the count allows)."""
+    """:func:`_row_codes` of a search dimension, coded per category when its columns share one."""
     shared = {id(table.cols[c]) for c in cols}
     codes = table.cols[cols[0]]
     if (len(shared) > 1 or any(c not in table.cats for c in cols) or not len(table)
@@ -154,13 +140,7 @@ def _dimension_codes(table: LayoutTable, cols: tuple[str, ...]) -> tuple[np.ndar
 
 
 class CandidateIndex:
-    """Maps search-dimension labels to rows of the valid layout table, vectorised.
-
-    Each dimension's distinct column values get an integer code; a row's code is
-    the mixed-radix number of its dimension codes. Looking a layout up is a
-    binary search, so a study never builds Python objects for every candidate.
-    The labels (Optuna's categorical choices) are the same as earlier versions built, so a stored study resumes.
-    """
+    """Maps search-dimension labels to rows of the valid table (mixed-radix codes, binary search)."""
 
     def __init__(self, valid: LayoutTable, fits: np.ndarray) -> None:
         self.valid = valid
@@ -231,25 +211,11 @@ def _spread(front: np.ndarray, peak: np.ndarray, k: int) -> list[int]:
 
 
 class CandidateQueue:
-    """The candidates a run puts in front of Optuna's sampler, in order (rows of the valid table).
-
-    At the start the predicted Pareto front, spread over its memory range, and the fastest predicted candidates
-    (real trials: the fastest first, as they cost minutes and the pruner then stops slower ones early), at most
-    three quarters of the run's layouts (and :data:`MAX_ENQUEUED`), none the study has evaluated or the backend
-    refuses (e.g. flex without DeepEP); NSGA-II samples the rest. With real trials and ``--recalibrate-after K``
-    only what runs next is enqueued (:attr:`first`); the rest (:attr:`rest`) waits, re-ranked by the refitted
-    prediction after every K measured trials (:meth:`recalibrate`). Not thread-safe: the run holds its lock.
-
-    Args:
-        prep: the candidates.
-        index: their labels.
-        backend: asked which layouts it refuses.
-        seen: keys of the layouts the study has evaluated.
-        n_trials: layouts the run evaluates.
-        queued_already: queued search trials left by an earlier run (they run first and take places in the queue).
-        recalibrate_after: K (0: all of the queue is enqueued at once).
-        parallel: trials running at once (that many are enqueued at the start of a lazy queue).
-    """
+    """The candidates (rows of the valid table) a run puts in front of Optuna's sampler, in order: the predicted
+    front spread over memory and the fastest predicted, at most three quarters of the run's layouts (less
+    ``queued_already``) and :data:`MAX_ENQUEUED`, none evaluated (``seen``) or refused. With real trials and
+    ``recalibrate_after`` K only :attr:`first` (``parallel`` rows) is enqueued; :attr:`rest` waits, re-ranked after
+    every K measured trials (:meth:`recalibrate`). Not thread-safe: the run holds its lock."""
 
     def __init__(self, prep: Prepared, index: CandidateIndex, backend: TrialBackend, *, seen: set[str], n_trials: int,
                  queued_already: int = 0, recalibrate_after: int = 0, parallel: int = 1) -> None:
@@ -313,9 +279,7 @@ class CandidateQueue:
         return None
 
     def next_unevaluated(self, exclude: set[str]) -> int | None:
-        """The fastest predicted candidate whose key is not in ``exclude`` and that the backend does not refuse;
-        None when every candidate is (the space ran out). A cursor walks the candidates by predicted tokens/s
-        once: a candidate passed over stays passed over (``exclude`` only grows during a run)."""
+        """The fastest predicted candidate not in ``exclude`` nor refused; None when the space ran out."""
         if self._by_speed is None:
             fit_idx = np.flatnonzero(self.prep.fits)
             self._by_speed = fit_idx[np.argsort(-self.prep.estimates.tokens_per_s_per_gpu[fit_idx], kind="stable")]
@@ -328,13 +292,7 @@ class CandidateQueue:
         return None
 
     def recalibrate(self, study: optuna.Study) -> None:
-        """After every ``K`` measured trials: refit the cost model's constants to the study's measurements
-        (:func:`cost_model.calibrate.fit_observations`: step-time and memory constants) and re-rank the rows of
-        :attr:`rest` by the refitted prediction.
-
-        The refit and its error are recorded in the study (``recalibrations``); a fit that fails (e.g. all
-        measurements alike) keeps the previous constants and is recorded too.
-        """
+        """Every ``K`` measured trials: refit, re-rank :attr:`rest`, record it (``recalibrations``)."""
         from cost_model.calibrate import Observation, fit_observations
 
         measured = []

@@ -44,8 +44,6 @@ POLICIES = ("gain", "queue")
 DEFAULT_TRIALS = 48
 
 _STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
 _DEFAULT_STOP_CONFIDENCE = 0.9
 _DEFAULT_STOP_GAIN = 0.02
 _DEFAULT_RECALIBRATE_AFTER = 4
@@ -58,19 +56,14 @@ class JobOptions:
     model: str
     gpus: str
     layers: int | None = None
-    """Slice the model to its first N decoder layers at full width (``--layers``) for the
-    estimate and the trials; None = the whole model."""
+    """Slice the model to its first N decoder layers at full width (``--layers``); None = the whole model."""
     allow_config_args: bool = False
-    """Use the launch arguments a ``--model`` config.json's ``tuner`` section adds (``--allow-config-args``;
-    :func:`specs.load_model`); they are printed and recorded in the recipe."""
     baseline: dict[str, Any] | None = None
-    """A layout (:meth:`specs.Layout.to_dict`) the run evaluates first when it is a candidate (``tune --from``: the
-    launch file's own layout)."""
+    """A layout (:meth:`specs.Layout.to_dict`) evaluated first (``tune --from``: the launch's own)."""
     user_args: tuple[str, ...] = ()
     """The launch file's own arguments that the exported commands keep (``tune --from``)."""
     bridge_yaml: str = ""
-    """The text of a ``tune --from`` Megatron-Bridge YAML, which the ``bridge`` export writes the layout into; ""
-    when the launch was none."""
+    """A ``tune --from`` Megatron-Bridge YAML's text, which the ``bridge`` export writes into."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,10 +72,9 @@ class ClusterOptions:
 
     gpus_per_node: int | None = None
     network_gbps: float | None = None
-    """Per-node network bandwidth in Gb/s: an override of the fabric's (``network``); default the fabric's."""
+    """Per-node network bandwidth in Gb/s, over the fabric's."""
     network: str | None = None
-    """The scale-out fabric (``--network``, :func:`specs.load_network`); None = the GPU's server type's default
-    (H200: AWS p5en's EFA v3, the seed's cluster)."""
+    """The scale-out fabric (:func:`specs.load_network`); None = the GPU's server type's default."""
     megatron_core: str | None = None
     """megatron-core release whose rules apply (``--megatron-core``); None = the newest the project knows."""
     host_memory_gib: float | None = None
@@ -98,7 +90,6 @@ class WorkloadOptions:
     global_batch_size: int = 128
     precision: str = "bf16"
     task: str = "pretrain"
-    """``--task``: pretrain, sft or lora (:attr:`specs.Workload.task`)."""
     lora_rank: int = 32
     lora_target_modules: tuple[str, ...] = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 
@@ -110,14 +101,9 @@ class SearchOptions:
     space: str | None = None
     calibration: str | None = None
     memory_headroom: float | None = None
-    """Fraction of HBM kept free (``--memory-headroom``): a fixed margin, the whole fit rule. None = the error bars'
-    rule (:mod:`cost_model.uncertainty`): a layout is a candidate unless even its optimistic memory is over the GPU,
-    and "may not fit" unless its pessimistic memory fits."""
+    """Fraction of HBM kept free, the whole fit rule; None = the error bars' rule (:mod:`cost_model.uncertainty`)."""
     trials: int | None = None
-    """Layouts this run evaluates (None = :data:`DEFAULT_TRIALS`): with real trials, each measured, stopped early by
-    the pruner or failed (out of memory, timeout, crash) counts; a proposal that is skipped (breaks a rule, is
-    predicted not to fit, was evaluated before or is being run by another worker) does not. Fewer when the space
-    runs out of such layouts (:attr:`TuneResult.budget_note` says so). Confirmation runs are extra."""
+    """Layouts this run evaluates (None = :data:`DEFAULT_TRIALS`); skips and confirmations are extra."""
     backend: str = "model"
 
 
@@ -126,56 +112,29 @@ class TrialOptions:
     """Real trials and their policy (``tune --help``'s Trials options; the heartbeats of shared storage)."""
 
     trial_steps: int = 20
-    """Optimizer steps per real trial, warm-up included."""
     trial_warmup_steps: int | None = None
-    """Leading steps of a real trial left out of its median step time; None = half of
-    ``trial_steps``. On 2 x H200 (MiniMax-M2 slice, no TE) a trial's step time fell by
-    20-40% over its first ~10 steps before it settled
-    (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl), hence 10 of the default 20."""
+    """None = half of ``trial_steps`` (benchmarks/results/h200_x2_2026-11-29/step_times.jsonl)."""
     trial_timeout_s: float = 900.0
-    """Wall-clock limit of one real trial, model build included (seconds)."""
     trial_profile_step: int | None = None
-    """Real trials of the ``local`` backend: profile this step of each trial with ``torch.profiler`` (1 ..
-    ``trial_steps``; the harness writes a Chrome trace per pipeline stage into the trial's folder,
-    :attr:`HarnessSpec.profile_step`), for ``tune timeline --study S --trial N`` to show beside the predicted step; None
-    = no profiling. A warm-up step keeps the profiler's overhead out of the measurement."""
+    """``local`` backend: profile this step of each trial (:attr:`HarnessSpec.profile_step`)."""
     prune_margin: float | None = 0.25
     """Stop a real trial whose running median throughput is below best / (1 + margin); None = never prune."""
     command_template: str | None = None
-    """The launch template of the ``command`` backend (``--command-template FILE``)."""
     ray_address: str | None = None
-    """``--ray-address``: ``auto``, ``HOST:PORT`` or ``ray://...``; None starts a local Ray instance (``ray``
-    backend)."""
     parallel_trials: int = 1
-    """Trials run at once by this worker (``ray`` backend: each its own placement group)."""
     trial_env: tuple[str, ...] = ()
-    """``KEY=VALUE`` environment variables for every rank of a real trial (``ray`` backend)."""
     gpu_hours: float | None = None
-    """Real trials: the GPU-hours this run may spend (``--gpu-hours``); None = no limit but ``trials``."""
     policy: str = "gain"
-    """Real trials: ``gain`` (:class:`tuner.study.policy.GainPolicy`: expected gain per GPU-hour, a stopping rule)
-    or ``queue`` (the predicted front and fastest first, then NSGA-II, for ``trials`` layouts)."""
     stop_confidence: float = _DEFAULT_STOP_CONFIDENCE
-    """Real trials, ``gain`` policy: stop when no untried layout may beat the best by more than ``stop_gain``
-    with this probability's complement."""
     stop_gain: float = _DEFAULT_STOP_GAIN
-    """Real trials, ``gain`` policy: the gain the stopping rule looks for (a fraction of the best's throughput)."""
     recalibrate_after: int = _DEFAULT_RECALIBRATE_AFTER
-    """Real trials: refit the cost model to the measurements after every this many measured trials and
-    re-rank the candidates not yet run (0 = never; the queue is then fixed at the start)."""
     confirm_runs: int = 0
-    """Real trials: after the search, measure the fastest measured layout and those within its trials' noise
-    (:func:`tuner.report.measured_ties`; at most :data:`MAX_FINALISTS` layouts) this many more times each,
-    interleaved; reports and recipes then use each layout's runs together (0 = no confirmation). A top-up:
-    runs a layout already has from an earlier run (or another worker) count toward this number."""
+    """Confirmation runs per finalist (:func:`tuner.report.measured_ties`), those from earlier included."""
     heartbeat_interval_s: int = 60
-    """Real trials with ``--storage`` (workers share the study): seconds between the heartbeats a running
-    trial writes to the storage (Optuna's ``heartbeat_interval``)."""
+    """Real trials with ``--storage``: seconds between heartbeats (``heartbeat_interval``)."""
     heartbeat_grace_s: int = 180
-    """Real trials with ``--storage``: a RUNNING trial whose last heartbeat is older than this many seconds
-    belongs to a worker that stopped (killed, its machine lost); the next trial any worker starts fails it and
-    queues its layout again (Optuna's ``grace_period`` and ``RetryHeartbeatStaleTrialCallback``). With the
-    ``model`` backend (trials of milliseconds) a trial left RUNNING this long is taken for a stopped worker's too."""
+    """Real trials with ``--storage``: a RUNNING trial whose last heartbeat is older is failed and its layout queued
+    again (Optuna's ``grace_period``, ``RetryHeartbeatStaleTrialCallback``); also a ``model`` trial RUNNING as long."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -185,9 +144,7 @@ class StudyOptions:
     study: str | None = None
     storage: str | None = None
     resume: bool = False
-    """``--resume``: evaluate more layouts in a study that already holds trials (the default number,
-    :data:`DEFAULT_TRIALS`, after any an interrupted run left queued). Without it, and without ``--trials``, a run of an
-    existing study evaluates nothing and reports the study as it is."""
+    """``--resume``: evaluate :data:`DEFAULT_TRIALS` more layouts in a study that holds trials."""
     results_dir: str = "results"
     seed: int = 0
 
@@ -197,12 +154,9 @@ class StackOptions:
     """The training stack and the run flags over it (``tune --help``'s Run options)."""
 
     stack: str = "slime"
-    """Training stack the recipe targets, a preset of :mod:`specs.stacks` whose run options the estimates use:
-    ``slime`` (drops the allgather dispatcher, which slime rewrites to alltoall), ``megatron-lm`` (alias
-    ``megatron``), ``megatron-bridge`` or ``nemo-rl``."""
+    """Training stack the recipe targets (:data:`STACKS`), a preset of :mod:`specs.stacks` the estimates use."""
     run_flags: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Run flags given over the stack's (:class:`specs.stacks.RunFlags` fields; lists for tuples). They apply to the
-    ``model`` and ``command`` backends; the harness of real trials runs its own stack."""
+    """Run flags over the stack's (:class:`specs.stacks.RunFlags` fields; lists for tuples)."""
 
 
 #: The keys of :meth:`TuneConfig.to_dict` in the order a study's ``config.yaml`` lists them.
@@ -219,8 +173,7 @@ _STORED_ORDER = (
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TuneConfig:
-    """Everything a tuning run depends on, in the option groups of ``tune --help``; saved with the study as one flat
-    mapping (:meth:`to_dict`, ``config.yaml``; each key is one group's field), read back by :meth:`from_dict`."""
+    """Everything a tuning run depends on, by ``tune --help``'s option groups (:meth:`to_dict`)."""
 
     job: JobOptions
     cluster: ClusterOptions = dataclasses.field(default_factory=ClusterOptions)
@@ -232,12 +185,7 @@ class TuneConfig:
 
     @classmethod
     def from_dict(cls, flat: Mapping[str, Any], base: TuneConfig | None = None) -> TuneConfig:
-        """The config of flat keys (:meth:`to_dict`'s): each group of its own keys, the rest its defaults (with
-        ``base``: ``base``'s values).
-
-        Raises:
-            TypeError: a key of no group; no ``model`` or ``gpus`` without ``base``.
-        """
+        """The config of :meth:`to_dict`'s flat keys, the rest ``base``'s or the defaults."""
         left = dict(flat)
         groups: dict[str, Any] = {}
         for name, kind in get_type_hints(cls).items():
@@ -249,24 +197,14 @@ class TuneConfig:
 
     @property
     def measured(self) -> bool:
-        """Its backend's trials run on GPUs (the class's ``source``); a name not registered here (a study's record
-        from elsewhere) counts as measured."""
+        """Its backend's trials run on GPUs; a name not registered here counts as measured."""
         from launch.registry import BACKENDS, backend_class
 
         return self.search.backend not in BACKENDS or backend_class(self.search.backend).source == "measured"
 
     def study_name(self, model: ModelSpec, cluster: Cluster) -> str:
-        """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` then what else makes the space or its
-        numbers differ from the defaults, each only when it does: ``-fp8``, the network (``-ib-ndr``) when it is not the
-        GPU's server's, ``-<N>gbps`` (``--network-gbps``), ``-megatron`` (``--stack``), ``-mc<release>``
-        (``--megatron-core`` other than the newest), ``-sft`` / ``-lora`` (``--task``; ``-lora16-qkv``: rank and
-        targets other than the defaults), ``-r<digest>`` (run options
-        other than the stack's) and the backend of real trials (``-local``). A run with another of these inputs so opens
-        its own study instead of being refused by the existing one. Obeys the ``--study`` name rule.
-
-        Raises:
-            TunerError: ``megatron_core`` is not a release (:func:`specs.megatron_core_version`).
-        """
+        """``--study``, or ``<model>[-L<layers>]-<cluster>-s<seq>-gbs<batch>`` and a suffix for each other input that
+        differs from its default, so that it opens its own study. Obeys the ``--study`` name rule."""
         if self.store.study:
             return self.store.study
         w, cl, run = self.workload, self.cluster, self.run
@@ -305,9 +243,7 @@ class TuneConfig:
         return f"{base}{sl}-{cluster.label}-s{w.seq_length}-gbs{w.global_batch_size}{extra}"[:128]
 
     def to_dict(self) -> dict[str, Any]:
-        """Every group's fields as one flat mapping of plain values (stored with the study and in ``config.yaml``):
-        the storage URL without its password, which is taken from ``--storage`` or the driver's own sources
-        (``PGPASSWORD``, ``~/.pgpass``)."""
+        """Every group's fields as one flat mapping (``config.yaml``), the storage URL without password."""
         d = {k: v for f in dataclasses.fields(self) for k, v in dataclasses.asdict(getattr(self, f.name)).items()}
         d["storage"] = None if self.store.storage is None else without_password(self.store.storage)
         return {k: d.pop(k) for k in _STORED_ORDER} | d
@@ -319,9 +255,7 @@ def n_trials(config: TuneConfig) -> int:
 
 
 def policy_params(prep: Any, max_trials: int) -> Any:
-    """The :class:`tuner.study.policy.PolicyParams` of a prepared study: the prior from its error bars, the rules
-    from its flags. Start-up before a trial's first measured cost: 60 s on one node, 300 s across nodes (a prior the
-    first trial replaces)."""
+    """The :class:`tuner.study.policy.PolicyParams` of a prepared study (start-up prior: 60 s, 300 s multi-node)."""
     from tuner.study.policy import PolicyParams
 
     cfg, bars = prep.config.trial, prep.bars
@@ -335,8 +269,7 @@ def policy_params(prep: Any, max_trials: int) -> Any:
 
 
 def cheapest_trial_gpu_hours(prep: Any) -> float:
-    """GPU-hours of one full trial of the quickest contender (:attr:`Prepared.contenders`): the start-up prior of
-    :func:`policy_params` plus ``--trial-steps`` predicted steps, times the cluster's GPUs; NaN without contenders."""
+    """GPU-hours of one trial of the quickest contender (start-up prior and steps); NaN if none."""
     pp = policy_params(prep, 1)
     step = prep.estimates.step_time_s[prep.contenders]
     return (float((pp.startup_s + pp.steps * float(step.min())) * prep.cluster.num_gpus / 3600) if len(step)
@@ -344,11 +277,7 @@ def cheapest_trial_gpu_hours(prep: Any) -> float:
 
 
 def check_budget(prep: Any) -> None:
-    """Refuse a ``--gpu-hours`` smaller than one trial of the quickest contender, before the study is opened.
-
-    Raises:
-        TunerError: naming the cost of that trial.
-    """
+    """Refuse (TunerError) a ``--gpu-hours`` smaller than one trial of the quickest contender."""
     from tuner.study.policy import fmt_gpu_hours
 
     cfg = prep.config.trial
@@ -362,9 +291,7 @@ def check_budget(prep: Any) -> None:
 
 
 def harness_without_te(backend: str) -> bool:
-    """The study's trials run the harness (a backend whose class has ``runs_harness``: ``local``, ``ray``) and
-    Transformer Engine is not importable here. For ``ray`` this is read on the driver: run the driver in the
-    nodes' Python environment."""
+    """The study's trials run the harness (``local``, ``ray``) and TE is not importable here."""
     if not _runs_harness(backend):
         return False
     from launch.harness.spec import HarnessEnv
@@ -373,20 +300,14 @@ def harness_without_te(backend: str) -> bool:
 
 
 def _runs_harness(backend: str) -> bool:
-    """:attr:`launch.base.TrialBackend.runs_harness` of the backend registered as ``backend`` (False for a name
-    not registered here, e.g. in a study's record)."""
+    """:attr:`launch.base.TrialBackend.runs_harness` of ``backend`` (False for a name not registered)."""
     from launch.registry import BACKENDS, backend_class
 
     return backend in BACKENDS and backend_class(backend).runs_harness
 
 
 def run_options_for_backend(backend: str, megatron_core: str | None = None) -> RunOptions:
-    """Run options the estimate assumes for a study's trials: the trial harness (``local`` and ``ray``
-    backends) without Transformer Engine (not importable here) saves the attention output twice
-    (:data:`specs.HARNESS_RUN_OPTIONS`); with TE the harness's TE stack (its SwiGLU unfused,
-    :data:`specs.HARNESS_TE_RUN_OPTIONS`); for the ``model`` and ``command`` backends a production
-    Megatron-core run with TE (:data:`specs.DEFAULT_RUN_OPTIONS`). ``megatron_core`` sets the release
-    (``--megatron-core``; None = the newest known)."""
+    """Run options the estimate assumes for a study's trials: the harness's (with or without TE) or production."""
     from specs import DEFAULT_RUN_OPTIONS, HARNESS_RUN_OPTIONS, HARNESS_TE_RUN_OPTIONS
 
     if _runs_harness(backend):
@@ -397,13 +318,7 @@ def run_options_for_backend(backend: str, megatron_core: str | None = None) -> R
 
 
 def study_run_options(config: TuneConfig) -> Any:
-    """The :class:`specs.stacks.StackRun` of a study: the ``model`` and ``command`` backends estimate with the stack
-    preset and the run flags over it; ``local`` and ``ray`` with the harness's stack (:func:`run_options_for_backend`),
-    the preset kept for the exports.
-
-    Raises:
-        TunerError: an unknown stack, a contradiction among the run flags, or run flags with real trials of the harness.
-    """
+    """The :class:`specs.stacks.StackRun` of a study (``local`` and ``ray``: the harness's options)."""
     from specs.stacks import RunFlags, resolve_run_options
 
     given: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in (config.run.run_flags or {}).items()}
@@ -426,11 +341,7 @@ def trial_warmup_steps(config: TuneConfig) -> int:
 
 
 def trial_env_dict(items: Sequence[str]) -> dict[str, str]:
-    """``--trial-env KEY=VALUE`` items as a dict.
-
-    Raises:
-        TunerError: an item without ``=`` or with a name that is not an environment variable name.
-    """
+    """``--trial-env KEY=VALUE`` items as a dict (TunerError for an item that is not NAME=VALUE)."""
     out: dict[str, str] = {}
     for it in items:
         k, sep, v = str(it).partition("=")
@@ -455,11 +366,7 @@ def _is_int(v: Any) -> bool:
 
 
 def _validate_config(config: TuneConfig) -> None:
-    """Check the flags and their combinations (nothing that needs the model or the hardware).
-
-    Raises:
-        TunerError: the first bad input, named with what it accepts.
-    """
+    """Raise TunerError for the first bad flag or combination (nothing that needs the model or the hardware)."""
     t, st, headroom, layers = config.trial, config.store, config.search.memory_headroom, config.job.layers
     if st.study is not None and not _STUDY_NAME_RE.fullmatch(st.study):
         raise TunerError(
@@ -547,12 +454,7 @@ def _validate_config(config: TuneConfig) -> None:
 
 
 def _validate_policy(config: TuneConfig) -> None:
-    """Check the real-trial search policy's flags: ``--trial-policy``, ``--gpu-hours``, ``--stop-gain``,
-    ``--stop-confidence`` and what belongs to the queue policy.
-
-    Raises:
-        TunerError: the first bad input, named with what it accepts.
-    """
+    """Raise TunerError for a bad flag of the real-trial search policy."""
     t = config.trial
     if t.gpu_hours is not None:
         if not (math.isfinite(t.gpu_hours) and t.gpu_hours > 0):
@@ -566,8 +468,7 @@ def _validate_policy(config: TuneConfig) -> None:
                                 or (t.stop_gain, t.stop_confidence) != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE)):
         raise TunerError("--gpu-hours, --stop-gain and --stop-confidence drive the gain policy; --trial-policy queue "
                          "runs --trials layouts in the predicted order (leave them out, or use --trial-policy gain)")
-    if t.policy == "gain" and config.measured and (t.confirm_runs
-                                                   or t.recalibrate_after != _DEFAULT_RECALIBRATE_AFTER):
+    if t.policy == "gain" and config.measured and (t.confirm_runs or t.recalibrate_after != _DEFAULT_RECALIBRATE_AFTER):
         raise TunerError("--confirm-runs and --recalibrate-after belong to --trial-policy queue; the gain policy "
                          "repeats close rivals and learns from every measurement itself (leave them out, or use "
                          "--trial-policy queue)")
@@ -576,17 +477,13 @@ def _validate_policy(config: TuneConfig) -> None:
                          f"{t.stop_confidence}")
     if not (math.isfinite(t.stop_gain) and 0 <= t.stop_gain < 1):
         raise TunerError(f"--stop-gain must be a fraction at least 0 and below 1 (e.g. 0.02), got {t.stop_gain}")
-    if not config.measured and ((t.stop_gain, t.stop_confidence)
-                                != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE)):
+    if not config.measured and ((t.stop_gain, t.stop_confidence) != (_DEFAULT_STOP_GAIN, _DEFAULT_STOP_CONFIDENCE)):
         raise TunerError("--stop-gain and --stop-confidence stop real trials; --backend model measures nothing "
                          "(use --backend local, ray or command)")
 
 
 def storage_file(url: str) -> Path | None:
-    """The file of a file-backed Optuna storage, as written (relative paths stay relative), or None for a server URL,
-    an in-memory or ``file:`` SQLite URL, or a malformed one. ``journal:PATH`` and ``journal://PATH`` (Optuna's
-    ``JournalFileBackend`` path); SQLite as SQLAlchemy reads it (``make_url``: ``sqlite+pysqlite:///``, query
-    strings)."""
+    """The file of a file-backed storage (journal, SQLite) as written; None for any other URL."""
     if url.startswith("journal:"):
         path = url[len("journal:"):]
         path = path[2:] if path.startswith("//") else path
@@ -607,9 +504,7 @@ def storage_file(url: str) -> Path | None:
 
 
 def storage_place(url: str) -> str:
-    """``url`` with its file, if it has one, made absolute and resolved (relative paths against this process's folder),
-    so that two names of one file compare equal; a server URL without its password; a path that cannot be resolved as
-    it is."""
+    """``url`` with its file resolved (two names of one file compare equal), without password."""
     f = storage_file(url)
     if f is None:
         return without_password(url)
@@ -620,8 +515,7 @@ def storage_place(url: str) -> str:
 
 
 def _check_results_dir(results_dir: str) -> None:
-    """Raises TunerError when ``--results-dir`` or a folder above it is a file (before any work: the study folder
-    ``<results-dir>/<study>/`` could not be made)."""
+    """Raise TunerError when ``--results-dir`` or a folder above it is a file."""
     p = Path(results_dir)
     for a in (p, *p.parents):
         if a.exists():

@@ -42,13 +42,8 @@ class ConfirmRound:
 
 
 def enqueue_round(study: optuna.Study, runs: int) -> ConfirmRound:
-    """Queue one round: bring each finalist (:func:`finalists`) to ``runs`` confirmation runs, interleaved
-    (A B C A B C ..., so that a drift of the machine's state over time reaches them alike).
-
-    Runs a finalist already has (finished, failed, running or queued, from an earlier run or another worker
-    sharing the storage; not one cut off by Ctrl-C) count; only the shortfall is queued. Nothing is queued while
-    search trials are still queued (Optuna runs the oldest queued trial first): the note says so.
-    """
+    """Queue one round: bring each finalist to ``runs`` confirmation runs (those it has count), interleaved so that
+    a drift of the machine reaches them alike; nothing while search trials are queued (the note says so)."""
     chosen = finalists(study)
     trials = study.get_trials(deepcopy=False)
     queued = [t for t in trials if t.state == TrialState.WAITING and TrialRecord.of(t).repeat_of is None]

@@ -1,10 +1,5 @@
-"""Real trials under the gain policy (:class:`tuner.study.policy.GainPolicy`): the loop that asks the policy for
-layouts, runs them through the study's ``Study.optimize`` and feeds every finished trial back to it.
-
-A round picks up to ``--parallel-trials`` layouts (new ones, or repeats of measured ones), runs them, and feeds
-every finished trial of the study to the policy: this run's count against ``--trials`` and ``--gpu-hours``, earlier
-runs' and other workers' (a shared storage) only teach it. The user's launch (``tune --from``) is measured first.
-"""
+"""Real trials under the gain policy (:class:`tuner.study.policy.GainPolicy`): rounds of up to ``--parallel-trials``
+picks run through ``Study.optimize``, every finished trial fed back; the user's launch (``tune --from``) first."""
 
 from __future__ import annotations
 
@@ -29,8 +24,7 @@ POLICY_BEST_ATTR = "policy_best_trial"
 
 
 class PolicyTrials:
-    """The trial loop of real trials under the gain policy for one :class:`tuner.study.run.StudyRun` (its study,
-    sampler, budget and counts); the policy is over the study's contenders (:attr:`Prepared.contenders`)."""
+    """The trial loop of real trials under the gain policy, over the study's contenders."""
 
     def __init__(self, run: StudyRun) -> None:
         self.study_run = run
@@ -51,11 +45,7 @@ class PolicyTrials:
         """The number of each measured candidate's first trial (a repeat names it)."""
 
     def run(self) -> str:
-        """Pick, run and feed back until the policy stops; the stop statement (:meth:`stop_statement`).
-
-        Raises:
-            KeyboardInterrupt: Ctrl-C (as :meth:`tuner.study.run.StudyRun.run`).
-        """
+        """Pick, run and feed back until the policy stops; the stop statement (:meth:`stop_statement`)."""
         run, prep, policy = self.study_run, self.study_run.prep, self.policy
         n_jobs = run.cfg.trial.parallel_trials if run.backend.parallel_trials else 1
         self.feed()  # earlier runs' trials: learnt from, not counted
@@ -95,8 +85,7 @@ class PolicyTrials:
             run.optimize(todo, n_jobs=min(n_jobs, todo))
 
     def _run_launch_first(self) -> None:
-        """The user's launch (``tune --from``) is measured before the policy's picks, whether or not the policy would
-        pick it: it is the baseline every answer is compared with. Nothing when the study already evaluated it."""
+        """Measure the user's launch (``tune --from``) first, unless the study has it."""
         run, prep = self.study_run, self.study_run.prep
         row = prep.baseline_row
         if row is None or not prep.fits[row]:
@@ -108,12 +97,10 @@ class PolicyTrials:
         run.optimize(1)
 
     def feed(self) -> None:
-        """Give the policy every finished trial of the study it has not seen: this run's count against its budgets,
-        earlier runs' and other workers' (a shared storage) only teach it."""
+        """Feed the policy every unseen finished trial; only this run's count against its budgets."""
         run, policy = self.study_run, self.policy
         mine = run.own_trials()
-        for t in run.study.get_trials(deepcopy=False,
-                                      states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        for t in run.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
             if t.number in self.observed:
                 continue
             r = TrialRecord.of(t)

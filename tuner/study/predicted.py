@@ -1,26 +1,11 @@
-"""Trials of a backend that measures nothing (``model``: the analytical estimate, milliseconds a layout).
+"""Trials of a backend that measures nothing (``model``: milliseconds a layout, less than a storage transaction).
 
-Optuna's storage costs more than such a trial: through ``Study.optimize`` every parameter, attribute and state
-change of a trial is a transaction of its own (732 for the 48 trials of the main job before this module, ~50 SQL
-statements each trial; ``docs/benchmarks.md``). Here the sampler (the same NSGA-II, same seed) runs on an in-memory
-study, Optuna's own ``InMemoryStorage`` through ``ask``/``tell``, which holds the study's finished trials and this run's
-proposals; only evaluated layouts reach the study's storage, each written whole:
-
-* the default storage (the study's own SQLite file, one ``tune`` process at a time): evaluated trials are
-  written in batches, each batch one transaction (:func:`tuner.study._optuna.add_finished_trials`), at the latest
-  every :data:`FLUSH_EVERY_S` seconds or :data:`FLUSH_EVERY` trials and when the run ends, Ctrl-C or error
-  included: nothing finished is lost unless the process is killed (a killed run's predictions are recomputed in
-  milliseconds when it is resumed);
-* a shared storage (``--storage``): each evaluated layout is claimed as a RUNNING trial with its record (one
-  write), checked against the other workers' trials (a read), and finished (one write), so two workers never
-  both count a layout; a claim left RUNNING by a worker that stopped is ignored once it is older than the grace
-  period (:attr:`TrialOptions.heartbeat_grace_s`) and failed by the next run.
-
-Skipped proposals are never written, and never become trials of the in-memory study either: the sampler
-(:class:`CandidateSampler`) checks each NSGA-II proposal against the candidate table and draws again, within the
-same trial, until it is a layout to run. The draws are the ones the sampler would make over a trial per skipped
-proposal (a skipped trial completes nothing, so NSGA-II's generation and parents stay the same), so the run
-evaluates the same layouts; the sampler's scans over the study's trials stay as long as the layouts evaluated.
+The sampler (NSGA-II, same seed) runs on an in-memory study through ``ask``/``tell``; only evaluated layouts reach
+the study's storage, each written whole: on the default storage in batches of one transaction
+(:func:`tuner.study._optuna.add_finished_trials`, every :data:`FLUSH_EVERY_S` seconds or :data:`FLUSH_EVERY` trials
+and when the run ends); on a shared storage claimed as a RUNNING trial, checked against the other workers' trials and
+finished (``docs/benchmarks.md``). Skipped proposals are drawn again within the same trial
+(:class:`CandidateSampler`) and never written.
 """
 
 from __future__ import annotations
@@ -57,13 +42,8 @@ FLUSH_EVERY_S = 2.0
 
 
 def memo_parents(sampler: optuna.samplers.NSGAIISampler) -> optuna.samplers.NSGAIISampler:
-    """``sampler`` with each generation's parent population kept in memory (``get_parent_population``): Optuna's
-    own cache keeps the parents' trial ids in the study and finds them by a scan over every trial at each proposal.
-
-    The first call for a generation returns what Optuna selects (in its order), later calls the cached parents in
-    the study's trial order, as Optuna's cache does, so the proposals are Optuna's. The sampler stays an instance
-    of Optuna's class: the generation attributes it writes on trials are named after the class.
-    """
+    """``sampler`` with each generation's parents cached in memory (Optuna scans every trial at each proposal),
+    returned as Optuna's cache returns them."""
     own = sampler.get_parent_population
     parents: dict[tuple[int, int], list[FrozenTrial]] = {}
     selected: set[tuple[int, int]] = set()
@@ -88,9 +68,8 @@ class Queued:
     """A candidate put in front of the sampler (:meth:`CandidateSampler.push`)."""
 
     params: dict[str, str]
-    """Its Optuna parameters (labels of :class:`~tuner.study.candidates.CandidateIndex`)."""
     attrs: dict[str, Any]
-    """The user attributes its trial records (:meth:`TrialRecord.attrs`: ``enqueued``, ``repeat_of``)."""
+    """The user attributes its trial records (``enqueued``, ``repeat_of``)."""
     repeat: bool = False
     """A run again of a layout the study evaluated (not a duplicate)."""
 
@@ -108,18 +87,10 @@ class Sampled:
 
 
 class CandidateSampler(optuna.samplers.BaseSampler):
-    """A sampler (``inner``, NSGA-II) whose trials are only layouts to run.
-
-    For a trial it first takes the candidates queued in this process (:meth:`push`) in order, dropping those
-    ``propose`` skips (another worker claimed them meanwhile); then (``explore``) it samples as ``inner`` would
-    (its relative sample, then each parameter that sample leaves out, in the order of ``distributions``) and
-    hands the parameters to ``propose``; a proposal it skips is counted by ``note_skip`` and sampled again in the
-    same trial, until one is run, ``note_skip`` returns a fallback row, or ``stop()``. With ``fallback`` the
-    fallback row's candidate is proposed in the same trial (real trials: no trial is spent on a skip); without,
-    the trial settles on no proposal and the caller queues the row (the predicted path's in-memory study).
-    :meth:`take` gives what a trial settled on (None: Optuna gave it fixed parameters, a trial queued in the
-    storage). Trials are told apart by Optuna's trial id (PostgreSQL can give two trials one number).
-    """
+    """A sampler (``inner``, NSGA-II) whose trials are only layouts to run: the queued candidates (:meth:`push`)
+    first, then (``explore``) ``inner``'s samples; a proposal ``propose`` skips is counted by ``note_skip`` and drawn
+    again in the same trial until one runs, ``note_skip`` returns a fallback row (proposed here with ``fallback``,
+    else left to the caller) or ``stop()``. Trials are told apart by Optuna's trial id."""
 
     def __init__(self, inner: optuna.samplers.BaseSampler, distributions: dict[str, BaseDistribution],
                  propose: Callable[[dict[str, str], bool], Proposal | None], note_skip: Callable[[], int | None],
@@ -198,12 +169,7 @@ class CandidateSampler(optuna.samplers.BaseSampler):
 
 
 class PredictedTrials:
-    """The trial loop of a predicted backend for one :class:`StudyRun` (its budget, counts and skips).
-
-    Attributes:
-        writes: storage transactions this loop wrote (trials only; the study's own attributes are written
-            when it is opened).
-    """
+    """The trial loop of a predicted backend; ``writes`` counts its storage transactions."""
 
     def __init__(self, run: StudyRun) -> None:
         self.study_run = run
@@ -215,8 +181,7 @@ class PredictedTrials:
         self._next_number = 0 if self.shared else run.next_number()
 
     def _mirror(self) -> optuna.Study:
-        """The in-memory study the sampler runs on: the study's COMPLETE trials (parameters, values, the sampler's
-        system attributes), then the queue (:attr:`CandidateQueue.first`)."""
+        """The in-memory study the sampler runs on: the study's COMPLETE trials, then the queue."""
         run = self.study_run
         self.sampler = CandidateSampler(
             memo_parents(optuna.samplers.NSGAIISampler(seed=run.cfg.store.seed, population_size=16)),
@@ -230,11 +195,7 @@ class PredictedTrials:
         return mirror
 
     def run(self) -> None:
-        """Evaluate layouts until the run's budget is spent or the space ran out.
-
-        Raises:
-            KeyboardInterrupt: Ctrl-C (what was evaluated is written first).
-        """
+        """Evaluate layouts until the budget is spent or the space ran out (on Ctrl-C, after writing them)."""
         run = self.study_run
         mirror = self._mirror()
         try:
@@ -257,8 +218,7 @@ class PredictedTrials:
             self.flush()
 
     def _propose(self, params: dict[str, str], repeat: bool = False) -> Proposal | None:
-        """The proposal of these parameters (:meth:`StudyRun.resolve`); on a shared storage a layout another
-        worker has claimed is a duplicate."""
+        """:meth:`StudyRun.resolve`; on a shared storage another worker's layout is a duplicate."""
         prop = self.study_run.resolve(params, explain=False)
         if prop is not None and prop.skip is None and self.shared and claimed_elsewhere(
                 self.study.get_trials(deepcopy=False), None, prop.key, stale_before=self._stale_before()):
@@ -348,8 +308,7 @@ class PredictedTrials:
             raise
 
     def flush(self) -> None:
-        """Write the buffered trials (default storage): one transaction. A Ctrl-C during the write is held until the
-        write and the buffer agree (then raised), so an interrupted run keeps every trial it reported finished."""
+        """Write the buffered trials in one transaction, a Ctrl-C held until the write and the buffer agree."""
         if self.pending:
             batch = list(self.pending)
             with _sigint_deferred():
@@ -361,9 +320,7 @@ class PredictedTrials:
 
 @contextlib.contextmanager
 def _sigint_deferred() -> Iterator[None]:
-    """Hold SIGINT (Ctrl-C) for the block and deliver it after the block to the handler that was there before (Python's
-    default raises KeyboardInterrupt; an ignored SIGINT stays ignored); outside the main thread (where no handler can be
-    set) the block runs as it is."""
+    """Hold SIGINT for the block and deliver it after it to the handler that was there before (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -53,20 +53,17 @@ class Prepared:
     estimates: EstimateTable
     """Estimates of every valid layout (rows of ``enumeration.valid``)."""
     fits: np.ndarray
-    """The candidates: valid layouts not surely over the GPU's memory (even at the low end of their memory interval;
-    with ``--memory-headroom``, those that fit with that margin) nor over the host's."""
+    """The candidates: valid layouts not surely over the GPU's memory (or ``--memory-headroom``'s) nor the host's."""
     front: np.ndarray
     """Indices (into the valid table) of the predicted Pareto front among fitting layouts."""
     enumerate_seconds: float
     estimate_seconds: float
     options: RunOptions = DEFAULT_RUN_OPTIONS
-    """The run options the estimates assumed (the stack preset and run flags, or the harness's stack; the megatron-core
-    release)."""
+    """The run options the estimates assumed."""
     stack: Any = None
     """The :class:`specs.stacks.StackRun` of the run (the preset, the flags over it)."""
     baseline_row: int | None = None
-    """Row of the valid table that is ``config.job.baseline`` (None: no baseline, or it breaks a rule or is not in the
-    space)."""
+    """Row of the valid table that is ``config.job.baseline``, if any."""
     n_over_host: int = 0
     """Layouts that fit in GPU memory but are predicted over ``--host-memory-gib`` per node (refused)."""
     bars: ErrorBars | None = None
@@ -81,8 +78,7 @@ class Prepared:
 
     @property
     def contenders(self) -> np.ndarray:
-        """Candidates not surely slower than the best: their optimistic throughput reaches the pessimistic throughput
-        of the fastest candidate that surely fits (all candidates when none surely fits or there are no bars)."""
+        """Candidates whose optimistic throughput reaches the pessimistic one of the fastest that surely fits."""
         sure = self.surely_fits
         if self.bars is None or not sure.any():
             return self.fits
@@ -102,28 +98,17 @@ class Prepared:
 
 
 def prepare(config: TuneConfig) -> Prepared:
-    """Load inputs, enumerate, check rules and estimate every valid layout.
-
-    Raises:
-        TunerError: bad input (model, GPUs, space, calibration), or no layout of
-            the space fits in memory (the message names the fewest GPUs that would).
-    """
+    """Load inputs, enumerate, check rules and estimate every valid layout."""
     _validate_config(config)
     model = _model(config)
     c, w, search, baseline = config.cluster, config.workload, config.search, config.job.baseline
-    cluster = parse_gpus(
-        config.job.gpus,
-        gpus_per_node=c.gpus_per_node,
-        inter_node_bytes_per_s=network_bytes_per_s(c.network_gbps) if c.network_gbps is not None else None,
-        usd_per_gpu_hour=c.usd_per_gpu_hour,
-        network=c.network,
-        host_memory_gib=c.host_memory_gib,
-        require_network=True,
-    )
+    gbps = network_bytes_per_s(c.network_gbps) if c.network_gbps is not None else None
+    cluster = parse_gpus(config.job.gpus, gpus_per_node=c.gpus_per_node, inter_node_bytes_per_s=gbps,
+                         usd_per_gpu_hour=c.usd_per_gpu_hour, network=c.network, host_memory_gib=c.host_memory_gib,
+                         require_network=True)
     workload = Workload(seq_length=w.seq_length, global_batch_size=w.global_batch_size,
-                        precision=enum_member(Precision, w.precision, "--precision"),
-                        task=w.task, lora_rank=w.lora_rank,
-                        lora_target_modules=tuple(w.lora_target_modules)).on_model(model.is_mla)
+                        precision=enum_member(Precision, w.precision, "--precision"), task=w.task,
+                        lora_rank=w.lora_rank, lora_target_modules=tuple(w.lora_target_modules)).on_model(model.is_mla)
     if workload.precision.value == "fp8" and not cluster.gpu.peak_flops_fp8:
         raise TunerError(f"--precision fp8: {cluster.gpu.name} has no fp8 tensor cores; use --precision bf16")
     space = SearchSpace.load(search.space)
@@ -163,35 +148,14 @@ def prepare(config: TuneConfig) -> Prepared:
     front = front[np.argsort(-est.tokens_per_s_per_gpu[front])]
     en.notes.extend(global_batch_notes(workload.global_batch_size, cluster.num_gpus, int(en.valid.dp[front[0]]),
                                        int(en.valid["micro_batch_size"][front[0]])))
-    prep = Prepared(
-        config=config,
-        model=model,
-        cluster=cluster,
-        workload=workload,
-        space=space,
-        calibration=cal,
-        enumeration=en,
-        estimates=est,
-        fits=fits,
-        front=front,
-        enumerate_seconds=t1 - t0,
-        estimate_seconds=t2 - t1,
-        options=opts,
-        stack=stack,
-        baseline_row=_baseline_row(en.valid, baseline),
-        n_over_host=int(np.count_nonzero(gpu_fits & ~host_fits)),
-        bars=bars,
-        headroom=headroom,
-    )
-    return prep
+    return Prepared(config=config, model=model, cluster=cluster, workload=workload, space=space, calibration=cal,
+                    enumeration=en, estimates=est, fits=fits, front=front, enumerate_seconds=t1 - t0,
+                    estimate_seconds=t2 - t1, options=opts, stack=stack, baseline_row=_baseline_row(en.valid, baseline),
+                    n_over_host=int(np.count_nonzero(gpu_fits & ~host_fits)), bars=bars, headroom=headroom)
 
 
 def _model(config: TuneConfig) -> ModelSpec:
-    """The model of ``config``, sliced to ``--layers``.
-
-    Raises:
-        TunerError: a MoE model (or its slice) without an MoE layer.
-    """
+    """The model of ``config``, sliced to ``--layers`` (TunerError: an MoE model or slice without an MoE layer)."""
     job = config.job
     model = slice_model(load_model(job.model, allow_config_args=job.allow_config_args), job.layers)
     if model.num_experts and not model.num_moe_layers:
@@ -209,12 +173,7 @@ def _model(config: TuneConfig) -> ModelSpec:
 
 
 def _stack_space(config: TuneConfig, model: ModelSpec, space: SearchSpace, stack: Any) -> tuple[SearchSpace, list[str]]:
-    """The space as the stack and the harness can run it (slime's allgather, the precision-aware optimizer without
-    TE left out) and the notes that say so.
-
-    Raises:
-        TunerError: the space allows only the allgather dispatcher under slime.
-    """
+    """The space as the stack and the harness can run it, and the notes that say so."""
     stack_notes: list[str] = []
     if config.job.allow_config_args and model.extra_megatron_args:
         stack_notes.append("--allow-config-args: the model's config adds to every trial and export: "
@@ -237,17 +196,7 @@ def _stack_space(config: TuneConfig, model: ModelSpec, space: SearchSpace, stack
 
 
 def global_batch_notes(global_batch_size: int, num_gpus: int, dp: int, micro_batch_size: int) -> list[str]:
-    """Warnings about ``--global-batch`` for the cluster and for the predicted fastest layout (DP ``dp``,
-    ``micro_batch_size``).
-
-    - fewer rows than GPUs: the batch, not memory, caps data parallelism (DP <= rows), so every layout spreads one model
-      replica over at least ``ceil(num_gpus / global_batch_size)`` GPUs;
-    - one micro-batch (or less) per data-parallel rank: the pipeline cannot fill and nothing is left to overlap the
-      gradient reduce-scatter with (Megatron overlaps it with the backward of the micro-batches before the last).
-
-    Returns:
-        Zero, one or two one-line notes.
-    """
+    """Notes on ``--global-batch``: fewer rows than GPUs, or one micro-batch per DP rank."""
     notes = []
     if global_batch_size < num_gpus:
         notes.append(
@@ -267,8 +216,7 @@ def global_batch_notes(global_batch_size: int, num_gpus: int, dp: int, micro_bat
 
 def _with_baseline(en: Enumeration, baseline: dict[str, Any], model: ModelSpec, workload: Workload,
                    env: RuleEnv) -> Enumeration:
-    """``en`` with the user's launch layout (``tune --from``) appended to its valid layouts when the space does not hold
-    it and it breaks no rule, so that it is estimated and evaluated like every candidate (a note says so)."""
+    """``en`` with the user's launch layout (``tune --from``) added to its valid layouts if missing and valid."""
     if _baseline_row(en.valid, baseline) is not None:
         return en
     lay = Layout.from_dict(baseline)
@@ -280,8 +228,7 @@ def _with_baseline(en: Enumeration, baseline: dict[str, Any], model: ModelSpec, 
 
 
 def _baseline_row(valid: Any, baseline: dict[str, Any] | None) -> int | None:
-    """The row of ``valid`` (a :class:`specs.LayoutTable`) equal to the layout ``baseline`` (its ``to_dict``), or
-    None."""
+    """The row of ``valid`` equal to the layout ``baseline`` (its ``to_dict``), or None."""
     if baseline is None or len(valid) == 0:
         return None
     want = Layout.from_dict(baseline).key()
@@ -295,17 +242,8 @@ def _baseline_row(valid: Any, baseline: dict[str, Any] | None) -> int | None:
     return None
 
 
-def _no_fit_message(
-    config: TuneConfig,
-    model: ModelSpec,
-    cluster: Cluster,
-    workload: Workload,
-    space: SearchSpace,
-    cal: Calibration,
-    en: Enumeration,
-    est: EstimateTable,
-    headroom: float,
-) -> str:
+def _no_fit_message(config: TuneConfig, model: ModelSpec, cluster: Cluster, workload: Workload, space: SearchSpace,
+                    cal: Calibration, en: Enumeration, est: EstimateTable, headroom: float) -> str:
     if len(en.valid) == 0:
         worst = ", ".join(f"{k} ({v})" for k, v in sorted(en.rule_counts.items(), key=lambda kv: -kv[1])[:3] if v)
         return (

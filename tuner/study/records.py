@@ -1,10 +1,5 @@
-"""What a study records on each trial, written and read in one place (:class:`TrialRecord`), and the reads
-built on it: the finished trials as rows (:func:`trial_rows`), whether a layout has an outcome
-(:func:`is_settled`), whether another trial holds it (:func:`claimed_elsewhere`), the best measurement.
-
-Records are Optuna user attributes, one per :class:`TrialRecord` field, under the field's name: the names
-earlier versions stored (``key``, ``result``, ``failure``, ...), so studies on disk still read.
-"""
+"""What a study records on each trial (:class:`TrialRecord`: Optuna user attributes, one per field, under the
+field's name) and the reads built on it (:func:`trial_rows`, :func:`is_settled`, :func:`claimed_elsewhere`)."""
 
 from __future__ import annotations
 
@@ -60,15 +55,11 @@ class TrialRecord:
     """Throughput of each step a real trial reported so far (tokens/s/GPU, warm-up included)."""
     gpu_hours: float | None = None
     """GPU-hours the trial cost: its wall time (start-up included) times the cluster's GPUs."""
+    # flat copies of the outcome's, for Optuna's dashboard (:func:`summary_of`)
     label: str | None = None
-    """The layout's label (``TP1 PP4 VPP8 EP16 DP16``), a flat copy of ``result``'s (or ``failure``'s / ``pruned``'s),
-    so that Optuna's dashboard shows it as a column (:func:`summary_of`)."""
     source: str | None = None
-    """``predicted`` or ``measured``, a flat copy of ``result``'s."""
     tokens_per_s_per_gpu: float | None = None
-    """The first objective (tokens/s/GPU), a flat copy of ``result``'s."""
     peak_gib: float | None = None
-    """The second objective (peak memory per GPU, GiB), a flat copy of ``result``'s."""
 
     @classmethod
     def of(cls, trial: FrozenTrial | optuna.Trial | Mapping[str, Any]) -> TrialRecord:
@@ -82,11 +73,7 @@ class TrialRecord:
 
     @staticmethod
     def write(trial: optuna.Trial, **fields: Any) -> None:
-        """Record ``fields`` on a running trial (one storage write each).
-
-        Raises:
-            TypeError: a name that is not a field of :class:`TrialRecord`.
-        """
+        """Record ``fields`` on a running trial, one storage write each (TypeError: a name of no field)."""
         bad = set(fields) - set(_FIELDS)
         if bad:
             raise TypeError(f"not TrialRecord fields: {sorted(bad)}")
@@ -102,9 +89,7 @@ SUMMARY_FIELDS = ("label", "source", "tokens_per_s_per_gpu", "peak_gib")
 
 
 def summary_of(outcome: Mapping[str, Any]) -> dict[str, Any]:
-    """The :data:`SUMMARY_FIELDS` of a ``result`` / ``failure`` / ``pruned`` dict that it has (scalars only), as
-    :class:`TrialRecord` fields: recorded in the same write as the outcome, they make the trial readable in
-    ``optuna-dashboard``'s trial table without unfolding the nested outcome."""
+    """The scalar :data:`SUMMARY_FIELDS` of an outcome dict, as :class:`TrialRecord` fields."""
     return {k: outcome[k] for k in SUMMARY_FIELDS
             if isinstance(outcome.get(k), (str, int, float)) and not isinstance(outcome.get(k), bool)}
 
@@ -114,67 +99,37 @@ def _gib(n_bytes: float) -> float:
 
 
 def prediction_of(pred: Estimate) -> dict[str, float]:
-    """The analytical prediction of a layout, as a record stores it (tokens/s/GPU, GiB, seconds): the single-layout
-    estimate (:func:`cost_model.estimate.estimate`, the numbers ``tune estimate`` prints), not the search table's
-    row."""
-    return {
-        "pred_tokens_per_s_per_gpu": pred.tokens_per_s_per_gpu,
-        "pred_peak_gib": _gib(pred.peak_bytes),
-        "pred_step_time_s": pred.step_time_s,
-    }
+    """The single-layout prediction as a record stores it (tokens/s/GPU, GiB, seconds)."""
+    return {"pred_tokens_per_s_per_gpu": pred.tokens_per_s_per_gpu, "pred_peak_gib": _gib(pred.peak_bytes),
+            "pred_step_time_s": pred.step_time_s}
 
 
 def result_of(layout: Layout, m: Measurement, pred: Estimate, *, model: ModelSpec, cluster: Cluster,
               task: str = "pretrain") -> dict[str, Any]:
-    """A trial's ``result``: what the backend reported and what was predicted (``pred``: the layout's
-    :func:`cost_model.estimate.estimate`).
-
-    Units: tokens/s/GPU, GiB (peak and headroom per GPU), seconds (median step time over the measured steps),
-    MFU as 6 x N_active x tokens/s over the GPU's dense bf16 peak (4 x for ``task`` lora), US$ per 1M tokens; a
-    measured trial adds its steps, losses, allocated peak (GiB), step-time CV, wall time and log folder.
-    """
+    """A trial's ``result``: what the backend reported and what was predicted. Units: tokens/s/GPU, GiB per GPU,
+    seconds (median step), MFU as a fraction (:func:`cost_model.flops.mfu`), US$ per 1M tokens."""
     gpu = cluster.gpu
     tps = m.tokens_per_s_per_gpu
     res: dict[str, Any] = {
-        "layout": layout.to_dict(),
-        "label": layout.label,
-        "source": m.source,
-        "tokens_per_s_per_gpu": tps,
-        "peak_gib": _gib(m.peak_bytes),
-        "headroom_gib": _gib(gpu.hbm_bytes - m.peak_bytes),
+        "layout": layout.to_dict(), "label": layout.label, "source": m.source, "tokens_per_s_per_gpu": tps,
+        "peak_gib": _gib(m.peak_bytes), "headroom_gib": _gib(gpu.hbm_bytes - m.peak_bytes),
         "step_time_s": statistics.median(map(float, m.step_times_s)) if m.step_times_s else float("nan"),
         "mfu": mfu(model, tps, gpu.peak_flops_bf16, task),
-        "usd_per_million_tokens": cluster.usd_per_gpu_hour / (tps * 3600) * 1e6,
-        **prediction_of(pred),
+        "usd_per_million_tokens": cluster.usd_per_gpu_hour / (tps * 3600) * 1e6, **prediction_of(pred),
         "pred_model_tflops_per_gpu": pred.model_tflops_per_gpu,
     }
     if m.source == "measured":
-        res.update(
-            step_times_s=[float(x) for x in m.step_times_s],
-            losses=[float(x) for x in m.losses],
-            peak_allocated_gib=_gib(float(m.extra.get("peak_allocated_bytes", float("nan")))),
-            step_time_cv=m.extra.get("step_time_cv"),
-            wall_s=m.extra.get("wall_s"),
-            log_path=m.log_path,
-            notes=m.extra.get("notes", []),
-        )
+        res.update(step_times_s=[float(x) for x in m.step_times_s], losses=[float(x) for x in m.losses],
+                   peak_allocated_gib=_gib(float(m.extra.get("peak_allocated_bytes", float("nan")))),
+                   step_time_cv=m.extra.get("step_time_cv"), wall_s=m.extra.get("wall_s"), log_path=m.log_path,
+                   notes=m.extra.get("notes", []))
     return res
 
 
 def implausible(result: Mapping[str, Any], band: Band | None = None) -> str | None:
-    """Why a measured ``result`` (:func:`result_of`) cannot be right, or None. Either means the run did less work per
-    step than the study assumes (a launch template that hard-codes a smaller batch or sequence):
-
-    - a model FLOP utilisation above 100% of the GPU's dense bf16 peak;
-    - a throughput past the model's fastest step (the top of its 90% band, ``band.high`` x the prediction) by more
-      than the band's width again: measured / predicted above ``high * high / low``. On the band's log-normal
-      reading that is the centre plus about 4.9 standard deviations (``cost_model.uncertainty``; the bands of
-      ``cost_model/data/error_bars.yaml`` put it at 1.7-2.4 x the prediction).
-
-    Args:
-        result: the trial's result (tokens/s/GPU, its prediction, MFU as a fraction, ``source``).
-        band: the job's throughput band (:attr:`cost_model.uncertainty.ErrorBars.throughput`); None checks MFU only.
-    """
+    """Why a measured ``result`` cannot be right (the run did less work per step than the study assumes), or None:
+    MFU above 100%, or measured / predicted above ``high * high / low`` of the throughput ``band`` (about 4.9
+    standard deviations on its log-normal reading, ``cost_model.uncertainty``; None: MFU only)."""
     if result.get("source") != "measured":
         return None
     ask = "does the launch template pass {global_batch_size} and {seq_length}?"
@@ -193,8 +148,7 @@ def implausible(result: Mapping[str, Any], band: Band | None = None) -> str | No
 
 
 def failure_of(layout: Layout, e: TrialFailed, prediction: Mapping[str, float]) -> dict[str, Any]:
-    """A failed trial's ``failure``: kind, message, log, the layout, the prediction, and for an out-of-memory
-    the memory the failing rank had reached (GiB) when known."""
+    """A failed trial's ``failure``: kind, message, log, layout, prediction, memory reached."""
     fail: dict[str, Any] = {"kind": e.kind.value, "message": str(e), "log_path": e.log_path, "layout": layout.to_dict(),
                             "label": layout.label, **prediction}
     if not math.isnan(e.memory_reached_bytes):
@@ -219,18 +173,14 @@ def retried_numbers(trials: Iterable[FrozenTrial]) -> set[int]:
 
 
 def is_settled(t: FrozenTrial, retried: Collection[int] = ()) -> bool:
-    """The trial's layout has an outcome: finished, and not a FAIL that is ``interrupted`` (cut off by Ctrl-C, or
-    left RUNNING by a run that stopped) or that a retry runs again (its worker stopped sending heartbeats: the
-    trial numbers ``retried``, :func:`retried_numbers`); those layouts are evaluated again. A FAIL from an
-    unexpected error stays settled, so a layout that always breaks the run is not retried forever."""
+    """The trial's layout has an outcome: finished, and not an ``interrupted`` or retried FAIL."""
     if not t.state.is_finished():
         return False
     return not (t.state == TrialState.FAIL and (TrialRecord.of(t).interrupted or t.number in retried))
 
 
 def evaluated_keys(trials: Sequence[FrozenTrial]) -> set[str]:
-    """Layouts the study has an outcome for (a trial skipped as a duplicate is not one: the trial it deferred to may
-    have been interrupted)."""
+    """Layouts the study has an outcome for (not a trial skipped as a duplicate)."""
     retried = retried_numbers(trials)
     out = set()
     for t in trials:
@@ -242,11 +192,9 @@ def evaluated_keys(trials: Sequence[FrozenTrial]) -> set[str]:
 
 def claimed_elsewhere(trials: Sequence[FrozenTrial], trial_id: int | None, key: str, *,
                       stale_before: datetime.datetime | None = None) -> bool:
-    """Another trial of the study than ``trial_id`` (Optuna's ``_trial_id``; None: none is this run's) has this layout,
-    settled or RUNNING. Called after the trial's own key is written: of two workers that pick a layout at once, the one
-    that reads second sees the other's key and yields (both may yield; neither can miss the other), so no layout is
-    measured twice. Trial ids, not numbers: PostgreSQL can give two trials started at once one number. A RUNNING trial
-    started before ``stale_before`` is not counted (a stopped worker's)."""
+    """Another trial than ``trial_id`` (Optuna's ``_trial_id``, not the number: PostgreSQL can give two trials one
+    number) has this layout, settled or RUNNING since ``stale_before``. Called after the trial's own key is written,
+    so of two workers picking a layout at once at least one yields."""
     retried = retried_numbers(trials)
     for t in trials:
         if t._trial_id == trial_id:
@@ -263,8 +211,7 @@ def claimed_elsewhere(trials: Sequence[FrozenTrial], trial_id: int | None, key: 
 
 
 def best_measured(trials: Iterable[FrozenTrial]) -> float | None:
-    """Highest measured tokens/s/GPU among COMPLETE trials that are not confirmation runs (as the pruner compares
-    a trial's own run); None if none was measured."""
+    """Highest measured tokens/s/GPU of the COMPLETE trials but confirmation runs, or None."""
     best = None
     for t in trials:
         if t.state != TrialState.COMPLETE:
@@ -278,8 +225,7 @@ def best_measured(trials: Iterable[FrozenTrial]) -> float | None:
 
 
 class RunFailure(NamedTuple):
-    """A confirmation run (``--confirm-runs``) that failed: its trial, its kind (``oom``, ``timeout``, ``crash``)
-    and the memory its failing rank had reached (GiB) when known."""
+    """A failed confirmation run: its trial, kind (``oom``, ...) and the memory it reached (GiB)."""
 
     trial: int
     kind: str | None
@@ -288,10 +234,7 @@ class RunFailure(NamedTuple):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrialRow:
-    """A finished trial of a study (:func:`trial_rows`): its layout, ``source`` (``predicted`` or ``measured``) and
-    result (tokens/s/GPU, GiB per GPU, seconds, MFU as a fraction, US$ per 1M tokens; NaN where the result has none).
-    A measured trial adds its step times, log folder and notes on the stack it ran on; a layout run more than
-    once (``--confirm-runs``) its ``runs`` and their throughputs, and the runs that failed."""
+    """A finished trial of a study (:func:`trial_rows`), in :func:`result_of`'s units."""
 
     trial: int
     layout: Layout
@@ -314,8 +257,7 @@ class TrialRow:
 
     @classmethod
     def of(cls, trial: int, key: str, result: Mapping[str, Any] | None) -> TrialRow | None:
-        """The row of trial ``trial``'s ``result`` (:func:`result_of`); None for none, or one without a layout,
-        throughput or peak memory."""
+        """The row of trial ``trial``'s ``result``; None without a layout, throughput or peak."""
         if not result or not {"layout", "tokens_per_s_per_gpu", "peak_gib"} <= result.keys():
             return None
         kw: dict[str, Any] = {f: float(result[f]) for f in _NUMBERS if result.get(f) is not None}
@@ -337,19 +279,7 @@ _NUMBERS = ("tokens_per_s_per_gpu", "peak_gib", "headroom_gib", "step_time_s", "
 
 
 def trial_rows(study: optuna.Study) -> list[TrialRow]:
-    """Finished trials of a study as rows, for reports and export.
-
-    Confirmation runs (``--confirm-runs``: trials with ``repeat_of``) are folded into the trial they
-    repeat: ``runs`` (finished runs, the trial's own included), each run's ``runs_tokens_per_s_per_gpu``;
-    ``step_time_s`` becomes the mean step time of the runs and
-    ``tokens_per_s_per_gpu`` the runs' tokens over their time (the harmonic mean of their
-    throughputs, so the two agree); ``peak_gib`` the highest run's, ``headroom_gib`` the lowest;
-    MFU and $/1M tokens follow. Confirmation runs that failed are listed in ``runs_failed``.
-    ``step_times_s`` stay the first run's.
-
-    Raises:
-        TunerError: a result whose layout or numbers cannot be read (a study of another version).
-    """
+    """Finished trials as rows, confirmation runs folded into the trial they repeat."""
     rows: list[TrialRow] = []
     repeats: dict[int, list[TrialRow]] = {}
     failed: dict[int, list[RunFailure]] = {}

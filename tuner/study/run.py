@@ -1,15 +1,8 @@
-"""The run loop: one ``tune`` run of a study, as an object (:class:`StudyRun`).
+"""The run loop: one ``tune`` run of a study (:class:`StudyRun`).
 
-A run opens (or resumes) the study, queues the predicted front and the fastest predicted candidates, and
-evaluates layouts through the backend until ``--trials`` layouts were evaluated or the space ran out; a
-proposal that cannot or need not be evaluated (breaks a rule, does not fit, was evaluated, is being run by
-another worker, is refused by the backend) is skipped and costs nothing. Real trials (a backend that
-measures) run under ``Study.optimize`` on the study's storage, with Optuna's heartbeat when workers share it;
-their sampler (:class:`tuner.study.predicted.CandidateSampler`) proposes the queued candidates in order, then
-NSGA-II's, and checks each proposal before a trial holds it, so a skipped proposal is never a trial; under the
-gain policy (``--trial-policy gain``) :class:`tuner.study.policy_trials.PolicyTrials` picks the layouts;
-a backend that only predicts (``model``) runs through :class:`tuner.study.predicted.PredictedTrials`, which
-samples in memory and writes only evaluated layouts.
+Real trials run under ``Study.optimize`` with :class:`tuner.study.predicted.CandidateSampler` (queued candidates,
+then NSGA-II's; a skipped proposal is never a trial) or, under ``--trial-policy gain``,
+:class:`tuner.study.policy_trials.PolicyTrials`; predictions run through :class:`tuner.study.predicted.PredictedTrials`.
 """
 
 from __future__ import annotations
@@ -67,7 +60,6 @@ __all__ = ["FALLBACK_AFTER_SKIPS", "POLICY_BEST_ATTR", "Proposal", "StudyRun", "
 log = logging.getLogger("tuner.study")
 
 
-
 @dataclass(slots=True)
 class TuneResult:
     """What a run of a study did (``run_study``); the study itself holds every trial."""
@@ -78,25 +70,19 @@ class TuneResult:
     storage: str
     out_dir: Path
     evaluated_now: int
-    """Layouts evaluated to the end in this run (real trials: measured)."""
     skipped_now: int
-    """Proposals skipped in this run: they break a rule, are predicted not to fit, were evaluated before, are
-    being run by another worker or are refused by the backend (none cost a trial)."""
+    """Proposals skipped in this run (none cost a trial)."""
     backend: str
     pruned_now: int = 0
-    """Real trials stopped early by the pruner in this run."""
     failed_now: int = 0
-    """Real trials that ran out of memory, timed out or crashed in this run."""
     confirmed_now: int = 0
-    """Confirmation runs (``--confirm-runs``) measured in this run."""
     confirm_note: str | None = None
     """Why the confirmation asked for did not run, if it did not."""
     budget_note: str | None = None
-    """Why this run evaluated fewer layouts than ``--trials`` asked for (the space ran out), if it did."""
+    """Why this run evaluated fewer layouts than ``--trials`` asked for, if it did."""
     stop_note: str | None = None
-    """Real trials under the ``gain`` policy: why the policy stopped, with the trials and GPU-hours it spent."""
+    """The gain policy's reason to stop, with the trials and GPU-hours it spent."""
     gpu_hours_now: float = 0.0
-    """GPU-hours the real trials of this run cost."""
 
 
 @dataclass(slots=True)
@@ -109,19 +95,12 @@ class _Counts:
 
 
 class StudyRun:
-    """One run of a study. Build it with the prepared candidates, then :meth:`run` it once.
+    """One run of a study; :meth:`run` it once. ``on_trial`` is called with (0, total) when trials start, then with
+    (done, total) after every evaluated layout; ``backend`` overrides ``--backend`` (tests).
 
-    Lock discipline: Optuna runs real trials in threads with ``--parallel-trials`` (``n_jobs``) and calls
-    :meth:`objective` and :meth:`after_trial` from them. Every attribute under "shared" below is read and
-    written only with ``self._lock`` held, through the methods here; nothing else is written after
-    :meth:`run` has set it up. Storage calls are made without the lock, except the claim of a layout (read
-    the study, then mark the layout taken) and the queue's refill, which must be atomic among the threads.
-
-    Args:
-        prep: the candidates (:func:`tuner.study.prepare.prepare`).
-        on_trial: called with (0, total) when the study is open and trials start, then after every evaluated
-            layout with (done, total), e.g. to move a progress bar.
-        backend: overrides ``prep.config.search.backend`` (tests).
+    Optuna calls :meth:`objective` and :meth:`after_trial` from ``--parallel-trials`` threads: the attributes under
+    "shared" are read and written only with ``self._lock`` held; storage calls are made without it, except the claim
+    of a layout and the queue's refill.
     """
 
     def __init__(self, prep: Prepared, *, on_trial: Callable[[int, int], None] | None = None,
@@ -142,8 +121,7 @@ class StudyRun:
         self.index: CandidateIndex
         self.queue: CandidateQueue
         self.sampler: CandidateSampler
-        """Real trials: the study's sampler; the candidates this process runs next are queued in it, not in the
-        storage."""
+        """Real trials: the study's sampler, which holds this process's queued candidates."""
         self.pruner: StepTimePruner | None = None
         # shared (self._lock)
         self._lock = threading.Lock()
@@ -168,13 +146,7 @@ class StudyRun:
     # ---- the run ---------------------------------------------------------------------------------------
 
     def run(self) -> TuneResult:
-        """Open the study, evaluate layouts, confirm the finalists (real trials, ``--confirm-runs``).
-
-        Raises:
-            TunerError: the study exists with different inputs, the storage URL is bad, the backend cannot
-                be opened, or the Ray cluster has fewer GPUs than ``--gpus``.
-            KeyboardInterrupt: Ctrl-C (finished trials are kept; the one cut off is run again on resume).
-        """
+        """Open the study, evaluate layouts, confirm the finalists; Ctrl-C keeps the finished trials."""
         self.backend = self._open_backend()
         report_only = self._open()
         # Ctrl-C with trials running in worker threads (--parallel-trials): Optuna waits for them, so tell the
@@ -207,28 +179,15 @@ class StudyRun:
             )
 
     def _open_backend(self) -> TrialBackend:
-        """The backend of ``--backend`` (or the one given), checked to have the GPUs of ``--gpus``.
-
-        Raises:
-            TunerError: the backend cannot be opened, or the Ray cluster has fewer GPUs than ``--gpus``.
-        """
+        """The backend of ``--backend`` (or the one given), checked to have the GPUs of ``--gpus``."""
         prep, cfg = self.prep, self.cfg
+        t = cfg.trial
         backend = self._given_backend or get_backend(cfg.search.backend, BackendSettings(
-            calibration=prep.calibration,
-            memory_headroom=prep.headroom,
-            options=prep.options,
-            trials_dir=self.out_dir / "trials",
-            num_gpus=prep.cluster.num_gpus,
-            steps=cfg.trial.trial_steps,
-            warmup_steps=trial_warmup_steps(cfg),
-            timeout_s=cfg.trial.trial_timeout_s,
-            command_template=cfg.trial.command_template,
-            megatron_core=prep.options.megatron_core,
-            address=cfg.trial.ray_address,
-            gpus_per_node=prep.cluster.gpus_per_node,
-            extra_env=trial_env_dict(cfg.trial.trial_env),
-            profile_step=cfg.trial.trial_profile_step,
-        ))
+            calibration=prep.calibration, memory_headroom=prep.headroom, options=prep.options,
+            trials_dir=self.out_dir / "trials", num_gpus=prep.cluster.num_gpus, steps=t.trial_steps,
+            warmup_steps=trial_warmup_steps(cfg), timeout_s=t.trial_timeout_s, command_template=t.command_template,
+            megatron_core=prep.options.megatron_core, address=t.ray_address, gpus_per_node=prep.cluster.gpus_per_node,
+            extra_env=trial_env_dict(t.trial_env), profile_step=t.trial_profile_step))
         n = backend.cluster_gpus()
         if n is not None and n < prep.cluster.num_gpus:
             backend.close()
@@ -240,13 +199,7 @@ class StudyRun:
         return backend
 
     def _open(self) -> str | None:
-        """Open the study (the backend is closed if it is refused) and set up the run: its candidates, queue,
-        sampler (real trials) and budget. Returns why the run only shows the study (it already holds trials and
-        ``--trials`` was not given), if it does.
-
-        Raises:
-            TunerError: as :meth:`run`.
-        """
+        """Open the study and set up the run; why it only shows the study, if so (:meth:`_held_note`)."""
         prep, cfg, backend = self.prep, self.cfg, self.backend
         heartbeat = self.heartbeat if (cfg.store.storage and backend.measured) else None
         try:
@@ -285,9 +238,8 @@ class StudyRun:
         return report_only
 
     def _held_note(self, held: int) -> str | None:
-        """Re-running the same command shows a study that holds ``held`` finished trials: more trials only when
-        asked for (``--trials``, ``--resume``), but a launch (``--from``) the study has not evaluated is measured, the
-        baseline every answer is compared with. Sets the budget of that case; the note saying so (None: a run)."""
+        """A study that holds ``held`` trials, re-run without ``--trials`` or ``--resume``, gets only the launch
+        (``--from``) if new: sets that budget and returns the note (None: a run)."""
         prep, cfg = self.prep, self.cfg
         if not held or cfg.search.trials is not None or cfg.store.resume:
             return None
@@ -300,8 +252,7 @@ class StudyRun:
                 f"--resume continues it ({DEFAULT_TRIALS} more)")
 
     def _evaluate(self) -> None:
-        """Evaluate layouts by the backend's path: real trials under the gain policy or the queue (then the
-        confirmation runs), or predictions."""
+        """Evaluate layouts: real trials (gain policy, or the queue then confirmation), or predictions."""
         if not self.backend.measured:
             PredictedTrials(self).run()
         elif self.cfg.trial.policy == "gain":
@@ -318,14 +269,8 @@ class StudyRun:
         raise KeyboardInterrupt
 
     def _fail_leftovers(self, trials: Sequence[optuna.trial.FrozenTrial]) -> None:
-        """Fail the RUNNING trials no worker runs any more, marked ``interrupted`` so their layouts are run again.
-
-        The default storage is this study's own SQLite file, driven by one ``tune`` process at a time: a trial
-        still RUNNING there was cut off by an interrupt. With ``--storage`` other workers may be running their
-        trials now: those of real trials are failed by Optuna's heartbeat (:class:`Heartbeat`) once stale; a
-        predicted trial takes milliseconds, so one RUNNING for longer than the grace period belongs to a
-        worker that stopped.
-        """
+        """Fail the RUNNING trials no worker runs any more, marked ``interrupted``: all on the default storage, with
+        ``--storage`` predicted ones older than the grace period (real trials: Optuna's heartbeat)."""
         running = [t for t in trials if t.state == TrialState.RUNNING]
         if self.cfg.store.storage:
             if self.backend.measured:
@@ -347,8 +292,7 @@ class StudyRun:
             pass  # finished meanwhile (another worker)
 
     def _settle(self, wait_s: float = 60.0) -> None:
-        """After an interrupt: wait (at most ``wait_s``) for this process's trials to leave RUNNING, then fail any
-        left."""
+        """After an interrupt: wait up to ``wait_s`` for this process's trials to end, then fail them."""
         deadline = time.monotonic() + wait_s
         while True:
             with self._lock:
@@ -389,8 +333,7 @@ class StudyRun:
         return Proposal(params, row, lay, key, why)
 
     def _propose(self, params: dict[str, str], repeat: bool) -> Proposal | None:
-        """Real trials: the proposal of these parameters (:meth:`resolve`, None for no candidate), checked before a
-        trial holds it; on a shared storage a layout another worker's trial holds is a duplicate."""
+        """Real trials: :meth:`resolve`, and a layout another worker's trial holds is a duplicate."""
         prop = self.resolve(params, repeat=repeat, explain=False)
         if (prop is not None and prop.skip is None and not repeat and self.cfg.store.storage
                 and claimed_elsewhere(self.study.get_trials(deepcopy=False), None, prop.key)):
@@ -398,14 +341,12 @@ class StudyRun:
         return prop
 
     def _sampling_stopped(self) -> bool:
-        """Real trials: the sampler proposes no new layout (the budget is spent, the space ran out, or the run
-        confirms)."""
+        """Real trials: the budget is spent, the space ran out, or the run confirms."""
         with self._lock:
             return self._confirming or self._started >= self.n_trials or self._exhausted is not None
 
     def claim(self, key: str, trial_id: int) -> bool:
-        """Take the layout for this process's trial ``trial_id`` (its key written); False when the study has it
-        (evaluated, or RUNNING in another worker's trial: :func:`claimed_elsewhere`)."""
+        """Take the layout for trial ``trial_id``; False when the study has it (:func:`claimed_elsewhere`)."""
         with self._lock:
             if key in self._seen:
                 return False
@@ -425,8 +366,7 @@ class StudyRun:
             self._refused.add(key)
 
     def note_skip(self) -> int | None:
-        """Count a skipped proposal. After :data:`FALLBACK_AFTER_SKIPS` in a row: the row of the fastest predicted
-        candidate not yet evaluated, to queue; or, when none is left, record that the space ran out (None)."""
+        """Count a skip; after :data:`FALLBACK_AFTER_SKIPS` in a row the fallback row to queue, or None."""
         with self._lock:
             self._counts.skipped += 1
             self._skips_in_a_row += 1
@@ -465,8 +405,7 @@ class StudyRun:
             self._started -= 1
 
     def finished(self, outcome: str, *, progress: bool = True) -> None:
-        """Count a layout's outcome (``evaluated``, ``pruned``, ``failed`` or ``confirmed``) and (``progress``)
-        move the progress on by one."""
+        """Count a layout's outcome (a :class:`_Counts` field) and (``progress``) move the progress on."""
         with self._lock:
             setattr(self._counts, outcome, getattr(self._counts, outcome) + 1)
             if not progress:
@@ -477,13 +416,7 @@ class StudyRun:
             self.on_trial(done, total)
 
     def predict(self, layout: Layout) -> Estimate:
-        """The single-layout estimate of ``layout`` (:func:`cost_model.estimate.estimate`, as ``tune estimate`` prints
-        it) with this study's calibration and headroom and the run options of its backend: the prediction a trial
-        records.
-
-        Raises:
-            InfeasibleLayout: the layout breaks a rule (a candidate never does).
-        """
+        """The estimate a trial records (``tune estimate``'s, with this study's calibration and options)."""
         return estimate(self.prep.model, self.prep.cluster, self.prep.workload, layout,
                         calibration=self.prep.calibration, memory_headroom=self.prep.headroom,
                         options=self.prep.options)
@@ -499,8 +432,7 @@ class StudyRun:
             return set(self._mine)
 
     def optimize(self, n_trials: int, *, n_jobs: int = 1) -> None:
-        """Run ``n_trials`` real trials (the sampler's queue first) in ``n_jobs`` threads; the progress's total grows
-        to hold them."""
+        """Run ``n_trials`` real trials in ``n_jobs`` threads; the progress's total grows to hold them."""
         with self._lock:
             self._total = max(self._total, self._done + n_trials)
         self.study.optimize(self.objective, n_trials=n_trials, callbacks=[self.after_trial], catch=(TrialFailed,),
@@ -530,8 +462,7 @@ class StudyRun:
                                 gc_after_trial=False, n_jobs=n_jobs)
 
     def _confirm(self) -> None:
-        """``--confirm-runs``: rounds of :func:`tuner.study.confirm.enqueue_round`, each run to its end, one trial at a
-        time (concurrent trials on one host slow each other)."""
+        """``--confirm-runs``: rounds of :func:`tuner.study.confirm.enqueue_round`, one trial at a time."""
         for _ in range(MAX_CONFIRM_ROUNDS):
             rnd = enqueue_round(self.study, self.cfg.trial.confirm_runs)
             if rnd.note:
@@ -550,9 +481,8 @@ class StudyRun:
                                 gc_after_trial=False, n_jobs=1)
 
     def objective(self, trial: optuna.Trial) -> tuple[float, float]:
-        """Optuna's objective for real trials: (tokens/s/GPU, peak GiB per GPU). Outcomes are exceptions, mapped
-        to trial states by Optuna: skipped and pruned raise ``TrialPruned``; out of memory, timeout and crash
-        raise :class:`TrialFailed` (caught: FAIL); Ctrl-C and unexpected errors FAIL and propagate."""
+        """Optuna's objective for real trials: (tokens/s/GPU, peak GiB per GPU); a skip or prune raises ``TrialPruned``,
+        a failure :class:`TrialFailed` (FAIL); Ctrl-C and unexpected errors FAIL and propagate."""
         try:
             return self._objective(trial)
         except KeyboardInterrupt:
@@ -665,8 +595,7 @@ class StudyRun:
         raise optuna.TrialPruned(why)
 
     def _nothing_to_run(self, trial: optuna.Trial) -> NoReturn:
-        """The sampler found no layout for this trial: record why and end it (``TrialPruned``); stop the study when the
-        budget is spent or the space ran out (else the queued candidate was claimed by another worker meanwhile)."""
+        """The sampler found no layout: record why, end the trial, stop when the budget or space is spent."""
         with self._lock:
             why = self._exhausted or (f"not run: this run's {self.n_trials} layouts (--trials) were started by its "
                                       "other trials"
@@ -688,8 +617,7 @@ class StudyRun:
         return report
 
     def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        """Optuna's callback after each real trial: move the progress, refill a lazy queue (after a refit every
-        ``--recalibrate-after`` measured trials), stop when the budget is spent or the space ran out."""
+        """Optuna's callback: move the progress, refill a lazy queue, stop when the budget or space is spent."""
         rec = TrialRecord.of(trial)
         counted = rec.skipped is None
         with self._lock:
@@ -711,39 +639,18 @@ class StudyRun:
 
 
 def _say_failed(number: int, failure: dict[str, Any]) -> None:
-    """One warning (``tuner.study``'s logger, wrapped at 80 columns) for a failed trial: its number, layout and why
-    (Optuna's own line is silenced: :func:`tuner.study.storage.quiet_optuna`)."""
+    """Log one warning, wrapped at 80 columns, for a failed trial: its number, layout and why."""
     log.warning(textwrap.fill(f"trial {number} ({failure['label']}) failed: {failure['message']}", width=80,
                               subsequent_indent="  ", break_long_words=False, break_on_hyphens=False))
 
 
-def run_study(
-    prep: Prepared,
-    *,
-    on_trial: Callable[[int, int], None] | None = None,
-    backend: TrialBackend | None = None,
-) -> TuneResult:
-    """Create or resume the study and evaluate ``--trials`` layouts through the backend (:class:`StudyRun`).
-
-    The predicted Pareto front (spread over its memory range) and the fastest predicted candidates are
-    proposed first (real trials under the ``gain`` policy: the policy's picks); NSGA-II (Optuna's
-    multi-objective default) samples the rest. A sampled combination that breaks a rule, is predicted not to
-    fit, or was already evaluated in this study (or is held by another worker's trial) is drawn again within
-    the same trial: it never reaches the backend, is no trial and does not count against ``--trials``. With
-    the default storage (the study's own SQLite file) one process at a time runs a study.
-
-    Args:
-        prep: the pruned candidates from :func:`tuner.study.prepare.prepare`.
-        on_trial: called with (0, total) when the study is open and trials start, then after every evaluated
-            layout with (done, total), e.g. to start and move a progress bar.
-        backend: overrides ``prep.config.search.backend`` (tests).
-
-    Returns:
-        The study and what this run added.
+def run_study(prep: Prepared, *, on_trial: Callable[[int, int], None] | None = None,
+              backend: TrialBackend | None = None) -> TuneResult:
+    """Create or resume the study and evaluate ``--trials`` layouts (:class:`StudyRun`, same arguments); with the
+    default storage (the study's own SQLite file) under :class:`StudyLock`, one process at a time.
 
     Raises:
-        TunerError: the study exists with different inputs, the storage URL is bad, or another
-            ``tune`` process is running the same study in its default storage.
+        TunerError: as :meth:`StudyRun.run`, or another ``tune`` process runs the study in its default storage.
     """
     run = StudyRun(prep, on_trial=on_trial, backend=backend)
     if prep.config.store.storage and not is_own_store(prep.config, run.out_dir):

@@ -47,12 +47,7 @@ METRIC_NAMES = ("tokens_per_s_per_gpu", "peak_gib")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Heartbeat:
-    """Optuna's heartbeat for a storage that workers share (seconds).
-
-    A running trial writes a heartbeat every ``interval_s``; when its last one is older than ``grace_s``,
-    the next trial a worker starts fails it (``optuna.storages.fail_stale_trials``, run by ``Study.optimize``)
-    and queues its layout again (:func:`retry_dead_worker_trial`) at most :data:`MAX_RETRIES` times.
-    """
+    """Optuna's heartbeat for a storage workers share (seconds); :func:`retry_dead_worker_trial` retries."""
 
     interval_s: int
     grace_s: int
@@ -68,8 +63,7 @@ MAX_RETRIES = 2
 
 
 def retry_dead_worker_trial(grace_s: int) -> Any:
-    """The ``heartbeat_stale_trial_callback``: Optuna's ``RetryHeartbeatStaleTrialCallback`` queues the stale
-    trial's parameters again, with its record (minus what its dead run reported) and ``retried`` saying why."""
+    """Optuna's ``RetryHeartbeatStaleTrialCallback``, the retry's record saying why (``retried``)."""
     from tuner.study import _optuna
 
     with warnings.catch_warnings():
@@ -97,18 +91,9 @@ def retry_dead_worker_trial(grace_s: int) -> Any:
 
 
 def _check_journal_lines(url: str, path: Path, *, read_only: bool = False) -> str | None:
-    """Refuse a journal file with a line that is not JSON, before anything is appended to it.
-
-    Optuna reads a journal whose *last* line is cut (a writer killed mid-line), but a record appended after such a line
-    makes the whole file unreadable; so a damaged journal is refused here, untouched. A command that only reads
-    (``read_only``) reads one whose last line is cut, and gets a note saying so.
-
-    Returns:
-        The note for a cut last line that was read, else None.
-
-    Raises:
-        TunerError: the file cannot be read, or a line (numbered from 1) is not a JSON object.
-    """
+    """Refuse (TunerError) a journal file with a line that is not JSON before anything is appended to it: a record
+    after a cut line makes the whole file unreadable to Optuna. A ``read_only`` command reads one whose last line is
+    cut: returns the note saying so."""
     if not path.is_file() or path.stat().st_size == 0:
         return None
     bad = _first_bad_journal_line(url, path)
@@ -133,11 +118,7 @@ def _journal_line_count(path: Path) -> int:
 
 
 def _first_bad_journal_line(url: str, path: Path) -> int | None:
-    """The number (from 1) of the first line of ``path`` that is not a JSON object, or None.
-
-    Raises:
-        TunerError: the file cannot be read.
-    """
+    """The number (from 1) of the first line of ``path`` that is not a JSON object, or None."""
     try:
         with path.open("rb") as f:
             for n, raw in enumerate(f, 1):
@@ -155,19 +136,9 @@ def _first_bad_journal_line(url: str, path: Path) -> int | None:
 
 
 def open_storage(url: str, *, create: bool = True, heartbeat: Heartbeat | None = None) -> Any:
-    """An Optuna storage for ``url``: an RDB URL (``sqlite:///...``, ``postgresql://...``), or ``journal:PATH``, a
-    journal file (for several workers on a shared filesystem: Optuna's ``JournalStorage`` with
-    ``JournalFileBackend``, which locks the file).
-
-    Without ``heartbeat`` an RDB URL is returned as is (Optuna opens it). With ``heartbeat`` (a run whose workers
-    share the storage) the storage is opened here with Optuna's heartbeat (:class:`Heartbeat`): an ``RDBStorage``
-    or a journal storage that implements it (:class:`tuner.study._optuna.HeartbeatJournalStorage`); the RDB
-    storage also keeps trial state changes atomic among this process's threads (``--parallel-trials``).
-
-    Raises:
-        TunerError: ``journal:`` without a path, or a journal file that cannot be opened.
-        ValueError, ImportError: (with ``heartbeat``) a malformed RDB URL, or its database driver missing.
-    """
+    """An Optuna storage for an RDB URL or ``journal:PATH`` (Optuna's ``JournalFileBackend``). Without ``heartbeat``
+    an RDB URL is returned as is; with it, a storage with Optuna's heartbeat (ValueError, ImportError: a malformed
+    URL or a missing driver)."""
     from tuner.study import _optuna
 
     if url.startswith("journal:"):
@@ -215,39 +186,27 @@ def storage_url(config: TuneConfig, out_dir: Path) -> str:
 
 
 def is_own_store(cfg: TuneConfig, out_dir: Path) -> bool:
-    """Whether the run's storage is the study folder's own ``study.db``, however ``--storage`` names it (then one
-    process at a time: :class:`StudyLock`)."""
+    """The run's storage is the study folder's own ``study.db``, however ``--storage`` names it."""
     return storage_place(storage_url(cfg, out_dir)) == storage_place(f"sqlite:///{(out_dir / 'study.db').as_posix()}")
 
 
 def resolved(prep: Prepared) -> dict[str, Any]:
     """The inputs that decide a study's numbers, resolved (so 64xH200 and 8x8xH200 compare equal)."""
-    c = prep.cluster
-    measured = prep.config.measured
+    c, w, cfg = prep.cluster, prep.workload, prep.config
+    lora = w.task == "lora"
     return {
-        "model": prep.model.name,
-        "gpu": c.gpu.name,
-        "num_gpus": c.num_gpus,
-        "gpus_per_node": c.gpus_per_node,
-        "inter_node_bytes_per_s": c.inter_node_bytes_per_s,
-        "network": c.network.key if c.network else None,
-        "host_memory_gib": round(c.host_memory_bytes_per_node / 2**30, 3),
-        "megatron_core": prep.options.megatron_core,
-        "usd_per_gpu_hour": c.usd_per_gpu_hour,
-        "seq_length": prep.workload.seq_length,
-        "global_batch_size": prep.workload.global_batch_size,
-        "precision": prep.workload.precision.value,
-        "backend": prep.config.search.backend,
-        "stack": prep.config.run.stack,
-        "task": prep.workload.task,
-        "lora_rank": prep.workload.lora_rank if prep.workload.task == "lora" else None,
-        "lora_target_modules": list(prep.workload.lora_target_modules) if prep.workload.task == "lora" else None,
+        "model": prep.model.name, "gpu": c.gpu.name, "num_gpus": c.num_gpus, "gpus_per_node": c.gpus_per_node,
+        "inter_node_bytes_per_s": c.inter_node_bytes_per_s, "network": c.network.key if c.network else None,
+        "host_memory_gib": round(c.host_memory_bytes_per_node / 2**30, 3), "megatron_core": prep.options.megatron_core,
+        "usd_per_gpu_hour": c.usd_per_gpu_hour, "seq_length": w.seq_length, "global_batch_size": w.global_batch_size,
+        "precision": w.precision.value, "backend": cfg.search.backend, "stack": cfg.run.stack, "task": w.task,
+        "lora_rank": w.lora_rank if lora else None,
+        "lora_target_modules": list(w.lora_target_modules) if lora else None,
         "run_options": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(prep.options).items()},
-        "memory_headroom": prep.config.search.memory_headroom,
-        "layers": prep.model.num_layers,
+        "memory_headroom": cfg.search.memory_headroom, "layers": prep.model.num_layers,
         # real trials: steps and warm-up decide what a measurement is (step times drift for ~10 steps)
-        "trial_steps": prep.config.trial.trial_steps if measured else None,
-        "trial_warmup_steps": trial_warmup_steps(prep.config) if measured else None,
+        "trial_steps": cfg.trial.trial_steps if cfg.measured else None,
+        "trial_warmup_steps": trial_warmup_steps(cfg) if cfg.measured else None,
     }
 
 
@@ -257,13 +216,8 @@ def model_spec_to_dict(model: ModelSpec) -> dict[str, Any]:
 
 
 def model_spec_from_dict(d: dict[str, Any]) -> ModelSpec:
-    """Inverse of :func:`model_spec_to_dict`.
-
-    A GPT model with YaRN recorded before YaRN's details were (:data:`_EXPORT_ONLY_MODEL_FIELDS`) takes them from the
-    preset of the same name when every recorded field equals that preset's; otherwise it is rebuilt without its YaRN
-    (its commands then use plain RoPE, logged), rather than with defaults that are not its own (GPT-OSS does not round
-    the correction range; the default does).
-    """
+    """Inverse of :func:`model_spec_to_dict`; a YaRN model recorded without :data:`_EXPORT_ONLY_MODEL_FIELDS` takes
+    them from its unchanged preset, else loses its YaRN (logged) rather than take defaults not its own."""
     spec: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
     missing = _EXPORT_ONLY_MODEL_FIELDS - set(spec)
     if missing and spec.get("rope_scaling_type") == "yarn" and not spec.get("kv_lora_rank"):
@@ -272,8 +226,7 @@ def model_spec_from_dict(d: dict[str, Any]) -> ModelSpec:
 
 
 def _recorded_yarn_details(spec: dict[str, Any], missing: frozenset[str] | set[str]) -> dict[str, Any]:
-    """The ``missing`` YaRN fields of a recorded model from the preset it was made from, or no YaRN (see
-    :func:`model_spec_from_dict`)."""
+    """The ``missing`` YaRN fields from the preset, or no YaRN (:func:`model_spec_from_dict`)."""
     from specs import load_model
 
     try:
@@ -290,14 +243,10 @@ def _recorded_yarn_details(spec: dict[str, Any], missing: frozenset[str] | set[s
 
 #: The command-line option (and its unit) of a resolved input, for messages.
 _OPTION_OF: dict[str, tuple[str, float, str]] = {
-    "inter_node_bytes_per_s": ("--network-gbps", 8e-9, "Gb/s per node"),
-    "gpus_per_node": ("--gpus-per-node", 1.0, ""),
-    "host_memory_gib": ("--host-memory-gib", 1.0, "GiB"),
-    "usd_per_gpu_hour": ("--usd-per-gpu-hour", 1.0, ""),
-    "memory_headroom": ("--memory-headroom", 1.0, ""),
-    "seq_length": ("--seq-len", 1.0, ""),
-    "global_batch_size": ("--global-batch", 1.0, ""),
-    "layers": ("--layers", 1.0, "decoder layers"),
+    "inter_node_bytes_per_s": ("--network-gbps", 8e-9, "Gb/s per node"), "gpus_per_node": ("--gpus-per-node", 1.0, ""),
+    "host_memory_gib": ("--host-memory-gib", 1.0, "GiB"), "usd_per_gpu_hour": ("--usd-per-gpu-hour", 1.0, ""),
+    "memory_headroom": ("--memory-headroom", 1.0, ""), "seq_length": ("--seq-len", 1.0, ""),
+    "global_batch_size": ("--global-batch", 1.0, ""), "layers": ("--layers", 1.0, "decoder layers"),
 }
 
 
@@ -314,11 +263,7 @@ def _as_option(key: str, value: Any) -> str:
 
 def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calibration: Calibration,
                        now: dict[str, Any]) -> None:
-    """A resumed study must have been made with the same resolved inputs and cost-model constants.
-
-    Raises:
-        TunerError: naming what differs and how to resume or start another study.
-    """
+    """Refuse (TunerError) to resume a study made with other resolved inputs or cost-model constants."""
     old_res = study.user_attrs.get("resolved")
     if old_res is not None:
         # Keys added in later versions (e.g. "layers", a run option) are compared only when the stored study has them.
@@ -367,25 +312,14 @@ def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calib
 
 
 def quiet_optuna() -> None:
-    """Optuna at WARNING, without its lines on each failed trial (``Trial 2 failed with parameters: {...}``, the
-    warnings of its ``optuna.study._optimize`` logger, optuna 4): the run reports a failed trial itself, an interrupt
-    and an unexpected error reach the CLI."""
+    """Optuna at WARNING, without its line on each failed trial (the run reports those itself)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("optuna.study._optimize").setLevel(logging.ERROR)
 
 
 def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *,
                heartbeat: Heartbeat | None = None) -> tuple[optuna.Study, str]:
-    """Create or load the study, check it was made with the same inputs, store them in it and in
-    ``results/<study>/config.yaml``. A refused study leaves no folder behind.
-
-    Returns:
-        The study and its storage URL.
-
-    Raises:
-        TunerError: bad or unreadable storage, a study made with other inputs, space or constants, or an
-            unwritable results folder.
-    """
+    """Create or load the study, check and store its inputs; a refused study leaves no folder."""
     _check_same_storage(cfg, name, out_dir)
     try:  # made by this run (not by a worker started beside it): only then is it this run's to remove
         out_dir.mkdir(parents=True)
@@ -406,14 +340,9 @@ def open_study(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path, *,
 
 
 def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
-    """Refuse a run that would fork a study folder's trials: its storage is not the one the folder records
-    (``results/<study>/config.yaml``, compared as resolved files) while that one still exists; or the folder's record
-    cannot be read; or the folder holds a study's outputs or database but no record, and this run would start a new
-    store beside them. A study whose recorded store is gone (its folder or journal moved) resumes from the one named.
-
-    Raises:
-        TunerError: naming both storages, or the record and what to do.
-    """
+    """Refuse (TunerError) a run that would fork a study folder's trials: another storage than the one its
+    ``config.yaml`` records while that one exists, an unreadable record, or a new store beside a folder's outputs or
+    database. A study whose recorded store is gone resumes from the one named."""
     import yaml
 
     if not out_dir.is_dir():
@@ -466,8 +395,7 @@ def _check_same_storage(cfg: TuneConfig, name: str, out_dir: Path) -> None:
 
 
 def sqlite_read_only(path: Path) -> Any:
-    """A ``sqlite3`` connection that cannot write ``path``: ``mode=ro``, or ``immutable=1`` where the folder is
-    read-only and the file was left in write-ahead-log mode (its ``-shm`` cannot be made)."""
+    """A read-only ``sqlite3`` connection: ``mode=ro``, else ``immutable=1`` (a read-only folder)."""
     import sqlite3
     from urllib.parse import quote
 
@@ -482,12 +410,8 @@ def sqlite_read_only(path: Path) -> Any:
 
 
 def check_store_holds(url: str, name: str, why: str) -> None:
-    """Refuse to open a file store that should hold study ``name`` (``why``: what says so) but is missing, empty, or a
-    SQLite file without that study: opening it would start a new, empty study in its place. Reads it only.
-
-    Raises:
-        TunerError: naming the file, what is wrong and what to restore.
-    """
+    """Refuse (TunerError) a file store that should hold study ``name`` (``why``: what says so) but is missing, empty,
+    or a SQLite file without that study: opening it would start a new, empty study. Reads it only."""
     import sqlite3
 
     f = storage_file(url)
@@ -529,13 +453,9 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path,
             storage: Any = _optuna.ThreadSafeRDBStorage(url, **kw)
         else:
             storage = open_storage(url, heartbeat=heartbeat)
-        study = optuna.create_study(
-            study_name=name,
-            storage=storage,
-            directions=["maximize", "minimize"],
-            sampler=optuna.samplers.NSGAIISampler(seed=cfg.store.seed, population_size=16),
-            load_if_exists=True,
-        )
+        study = optuna.create_study(study_name=name, storage=storage, directions=["maximize", "minimize"],
+                                    sampler=optuna.samplers.NSGAIISampler(seed=cfg.store.seed, population_size=16),
+                                    load_if_exists=True)
     except TunerError:
         raise
     except (ValueError, ImportError) as e:  # bad storage URL, missing DB driver, unreadable journal
@@ -598,13 +518,8 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path,
 
 class StudyLock:
     """One ``tune`` process at a time on a study in its default SQLite file: an exclusive ``flock`` on
-    ``results/<study>/.tune.lock`` for the run (released when the run ends or the process dies). A second
-    run would otherwise take the first one's RUNNING trials for leftovers of an interrupt and fail them.
-
-    Raises:
-        TunerError: the folder cannot be created, the lock file cannot be written (a full disk said so; a folder
-            made for it is removed), or another process holds the lock (its pid is named).
-    """
+    ``results/<study>/.tune.lock`` for the run; a second run would take the first one's RUNNING trials for leftovers
+    of an interrupt. TunerError: the folder or lock file cannot be written, or another process (named) holds it."""
 
     def __init__(self, out_dir: Path, name: str) -> None:
         import fcntl
