@@ -103,11 +103,9 @@ def test_adding_a_dispatcher_is_one_member_and_one_traits_row(tmp_path):
     assert src.count(member) == 1 and src.count(row) == 1
     if "flex_deepep_ll" not in src:  # a contributor following CONTRIBUTING.md has added it already
         src = src.replace(member, member + '    flex_deepep_ll = "flex+deepep_ll"\n')
-        src = src.replace(
-            row,
-            row
-            + '    Dispatcher.flex_deepep_ll: _DispatcherTraits("flex", "deepep", "DeepEP", "deep_ep", ("deepep_ll",)),\n',
-        )
+        new_row = ('    Dispatcher.flex_deepep_ll: _DispatcherTraits("flex", "deepep", "DeepEP", "deep_ep", '
+                   '("deepep_ll",)),\n')
+        src = src.replace(row, row + new_row)
     layout_py.write_text(src)
     script = textwrap.dedent(
         f"""

@@ -306,8 +306,8 @@ def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calib
     ) if old_cal is not None else []
     if changed:
         raise TunerError(
-            f"study {name!r} was evaluated with other cost-model constants ({', '.join(changed)} differ); its "
-            "predictions would mix with new ones. Use another --study name, or the same --calibration to resume."
+            f"study {name!r} was evaluated with other cost-model constants ({', '.join(changed)} {_differ(changed)}); "
+            "its predictions would mix with new ones. Use another --study name, or the same --calibration to resume."
         )
 
 
@@ -486,8 +486,8 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path,
     if changed:
         raise TunerError(
             f"study {name!r} was made with another definition of model {prep.model.name!r} ({', '.join(changed[:8])}"
-            f"{', ...' if len(changed) > 8 else ''} differ); its trials were predicted or measured for that one. "
-            "Use another --study name, or restore the model's config to resume."
+            f"{', ...' if len(changed) > 8 else ''} {_differ(changed)}); its trials were predicted or measured for "
+            "that one. Use another --study name, or restore the model's config to resume."
         )
     if study.metric_names != list(METRIC_NAMES):  # a resumed study keeps them: no write
         with warnings.catch_warnings():
@@ -499,8 +499,8 @@ def _open_study_in(cfg: TuneConfig, prep: Prepared, name: str, out_dir: Path,
     if old_space is not None and old_space != new_space:
         changed = sorted(k for k in set(old_space) | set(new_space) if old_space.get(k) != new_space.get(k))
         raise TunerError(
-            f"study {name!r} was searched over another space ({', '.join(changed)} differ); Optuna cannot change a "
-            "study's choices. Use another --study name, or the same --space to resume."
+            f"study {name!r} was searched over another space ({', '.join(changed)} {_differ(changed)}); Optuna cannot "
+            "change a study's choices. Use another --study name, or the same --space to resume."
         )
     stored = study.user_attrs
     from cost_model.version import formula_digest
@@ -569,3 +569,7 @@ class StudyLock:
         except OSError:
             pass
 
+
+def _differ(names: list[str]) -> str:
+    """``differs`` after one name, ``differ`` after several."""
+    return "differs" if len(names) == 1 else "differ"
