@@ -105,6 +105,22 @@ def test_resume_with_other_inputs_is_refused(main_run):
     assert "Optuna search" not in r.output  # refused before the progress bar starts
 
 
+def test_a_study_of_formulas_with_the_same_estimates_resumes(tmp_path, monkeypatch):
+    """A study recorded with a formula digest listed in SAME_ESTIMATES (earlier sources whose estimates the estimate
+    digest found identical) resumes under today's formulas; any other digest is refused (the test below)."""
+    import cost_model.version as version
+
+    job = ("--model", "MiniMax-M2", "--gpus", "64xH200", "--layers", "4", "--results-dir", str(tmp_path), "--study",
+           "eq")
+    assert _run(*job, "--trials", "2").exit_code == 0
+    made_with = version.formula_digest()
+    monkeypatch.setattr(version, "formula_digest", lambda: "fedcba9876543210")
+    monkeypatch.setattr(version, "SAME_ESTIMATES", frozenset({made_with}))
+    r = _run(*job, "--resume", "--trials", "1")
+    assert r.exit_code == 0, r.output
+    assert "3 layouts evaluated in total (1 now)" in r.output
+
+
 def test_resume_with_another_cost_model_is_refused_and_the_study_still_reads(main_run, monkeypatch):
     """A study records the digest of the cost model's formulas; resuming it with other formulas is refused (its
     predictions would mix), while tune pareto still reads it, untouched."""

@@ -705,6 +705,7 @@ def test_a_config_is_stored_as_one_flat_mapping_and_read_back_into_its_groups():
     ({"network": "ib-ndr", "stack": "megatron", "megatron_core": "0.13"}, "-ib-ndr-megatron-mc0.13"),
     ({"task": "lora"}, "-lora"), ({"task": "lora", "lora_rank": 16}, "-lora16"),
     ({"task": "lora", "lora_rank": 16, "lora_target_modules": ("linear_qkv",)}, "-lora16-qkv"),
+    ({"task": "lora", "lora_rank": 16, "lora_target_modules": ("linear_fc1", "linear_fc2")}, "-lora16-fc1+fc2"),
 ])  # fmt: skip
 def test_the_default_study_name_holds_what_makes_the_space_differ(kw, suffix):
     from specs import load_model, parse_gpus
@@ -713,7 +714,7 @@ def test_the_default_study_name_holds_what_makes_the_space_differ(kw, suffix):
     cluster = parse_gpus("64xH200", network=kw.get("network"), require_network=True)
     name = TuneConfig.from_dict(dict(model="MiniMax-M2", gpus="64xH200", **kw)).study_name(load_model("MiniMax-M2"),
                                                                                             cluster)
-    assert name == "MiniMax-M2-8x8xH200-s8192-gbs128" + suffix and _STUDY_NAME_RE.match(name)
+    assert name == "MiniMax-M2-8x8xH200-s8192-gbs128" + suffix and _STUDY_NAME_RE.fullmatch(name)  # --study takes it
 
 
 def test_rerunning_shows_the_study_and_adds_trials_only_when_asked(tmp_path):

@@ -242,7 +242,7 @@ def study_flags(study: str, results_dir: Path) -> list[str]:
 
 def check_study_name(name: str) -> str:
     """``name``, if it obeys the rule ``tune --study`` applies (the same rule, the same message). Raises TunerError: the
-    name is not 1-128 letters, digits, '.', '_' or '-' starting with a letter or digit."""
+    name is not 1-128 letters, digits, '.', '_', '+' or '-' starting with a letter or digit."""
     from tuner.study import TuneConfig, _validate_config
 
     _validate_config(TuneConfig.from_dict({"model": "-", "gpus": "-", "study": name}))  # checks only the study name

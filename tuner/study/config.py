@@ -43,7 +43,7 @@ POLICIES = ("gain", "queue")
 #: Layouts a run evaluates when ``--trials`` is not given.
 DEFAULT_TRIALS = 48
 
-_STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_STUDY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")  # "+": LoRA targets in a default name
 _DEFAULT_STOP_CONFIDENCE = 0.9
 _DEFAULT_STOP_GAIN = 0.02
 _DEFAULT_RECALIBRATE_AFTER = 4
@@ -370,8 +370,8 @@ def _validate_config(config: TuneConfig) -> None:
     t, st, headroom, layers = config.trial, config.store, config.search.memory_headroom, config.job.layers
     if st.study is not None and not _STUDY_NAME_RE.fullmatch(st.study):
         raise TunerError(
-            f"--study {st.study!r}: a study name is 1-128 letters, digits, '.', '_' or '-', starting with a letter "
-            "or digit (it names the folder results/<study>/)"
+            f"--study {st.study!r}: a study name is 1-128 letters, digits, '.', '_', '+' or '-', starting with a "
+            "letter or digit (it names the folder results/<study>/)"
         )
     if config.search.trials is not None and config.search.trials < 1:
         raise TunerError(f"--trials must be at least 1, got {config.search.trials}")

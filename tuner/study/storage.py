@@ -286,10 +286,10 @@ def check_study_config(study: optuna.Study, config: TuneConfig, name: str, calib
                 f"study {name!r} already exists with {was}; this run asks for {new}. "
                 "Use another --study name (or the same inputs to resume it)."
             )
-    from cost_model.version import formula_digest
+    from cost_model.version import formula_digest, same_formulas
 
     old_digest = study.user_attrs.get("cost_model_digest")
-    if old_digest is not None and old_digest != formula_digest():
+    if old_digest is not None and not same_formulas(old_digest):
         raise TunerError(
             f"study {name!r} was evaluated by another version of the cost model (formulas {old_digest}, this one "
             f"{formula_digest()}); its predictions would mix with new ones. Use another --study name (the old study "
