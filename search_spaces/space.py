@@ -149,8 +149,8 @@ def _unique(values: Sequence[T]) -> tuple[T, ...]:
 
 def _ints(value: Any, key: str) -> tuple[int, ...]:
     vals = _as_list(value)
-    if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in vals):
-        raise TunerError(f"{key}: expected a positive integer or a non-empty list of them, got {value!r}")
+    if not vals or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v < 2**31 for v in vals):
+        raise TunerError(f"{key}: expected a positive integer (below 2**31) or a non-empty list of them, got {value!r}")
     return _unique(vals)
 
 

@@ -82,6 +82,7 @@ def test_yaml_file_overrides_defaults(tmp_path: Path) -> None:
         ),
         ("tp: [0, 2]\n", ("tp", "positive integer", "[0, 2]")),
         ("tp: [true]\n", ("tp", "positive integer")),
+        ("micro_batch_size: [1, 99999999999999999999]\n", ("micro_batch_size", "below 2**31")),
         ("dispatcher: [alltoall, deepep]\n", ("dispatcher", "'deepep'", "flex+deepep")),
         ("optimizer_offload_fraction: [1.5]\n", ("optimizer_offload_fraction", "[0, 1]")),
         ("exp_avg_dtype: [fp8]\n", ("exp_avg_dtype", "accepted: fp32, bf16")),
