@@ -154,7 +154,9 @@ class LengthDistribution:
             arr = np.asarray(lengths, dtype=float)
             cnt = np.asarray(counts, dtype=float)
         except (TypeError, ValueError):
-            raise TunerError(f"{where}: lengths and counts must be numbers") from None
+            bad = next((f"entry {i + 1} ({n!r}, count {c!r}): " for i, (n, c) in enumerate(zip(lengths, counts))
+                        if not (_number(n) and _number(c))), "")
+            raise TunerError(f"{where}: {bad}lengths and counts must be numbers") from None
         if arr.ndim != 1 or cnt.ndim != 1 or not (np.all(np.isfinite(arr)) and np.all(np.isfinite(cnt))):
             raise TunerError(f"{where}: lengths and counts must be finite numbers (nan, inf or a nested list found)")
         if np.any(arr < 1) or np.any(arr != np.round(arr)) or np.any(cnt < 0) or cnt.sum() <= 0:
@@ -163,3 +165,11 @@ class LengthDistribution:
         w = np.bincount(inv, weights=cnt, minlength=len(uniq))
         dist = cls(uniq.astype(np.int64), w / w.sum(), f"histogram {p.name} ({int(cnt.sum()):,} responses)")
         return dist.capped(max_len) if max_len is not None else dist
+
+
+def _number(v: object) -> bool:
+    try:
+        float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True

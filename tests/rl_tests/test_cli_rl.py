@@ -493,6 +493,7 @@ def test_the_readmes_refused_slime_job_says_why(tmp_path, monkeypatch):
         ("response_len,count\n100,nan\n", "lengths and counts must be finite numbers"),
         ("[[1, 2]]", "lengths and counts must be finite numbers"),
         ('{"lengths": [1e400]}', "lengths and counts must be finite numbers"),
+        ("100\nabc\n", "entry 2 ('abc', count 1): lengths and counts must be numbers"),
     ],
 )
 def test_bad_response_length_histograms_are_refused(tmp_path, text, needle):
