@@ -28,7 +28,7 @@ class Col:
     drop: int = 0
 
 
-class _Trimmed(Table):
+class TrimmedTable(Table):
     """A :class:`rich.table.Table` whose lines end at their last character: rich pads every cell to its column's
     width, which leaves a short last cell's padding at the end of its line."""
 
@@ -53,7 +53,7 @@ def fitted_table(cols: Sequence[Col], rows: Sequence[Sequence[str]], console: Co
     keep = list(range(len(cols)))
 
     def build() -> Table:
-        t = _Trimmed(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+        t = TrimmedTable(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
         for i in keep:
             t.add_column(cols[i].header, justify="right" if cols[i].justify == "right" else "left", overflow="fold")
         for r in rows:

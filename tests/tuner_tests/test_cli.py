@@ -1004,6 +1004,9 @@ def test_front_rows_that_differ_only_in_dispatcher_or_offload_say_so(capsys):
     assert lines[at[0] + 1].split()[0] == "1"  # the best: nothing under it
     assert lines[at[1] + 1].strip() == "alltoall"
     assert lines[at[2] + 1].strip() == "offload 0.5"
+    print_front(front, 3, "front", best_trial=0)  # 3 lines at most: the tagged row that does not fit goes
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[0] for ln in lines[2:5]] == ["0", "1", "alltoall"] and "1 more on the front:" in lines
 
 
 def test_an_exported_script_read_back_has_no_overrides(main_run):

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import JustifyMethod
 from rich.markup import escape
-from rich.table import Table
 
+from specs.console import TrimmedTable
 from tuner.cli._common import out, print_command, say
 
 if TYPE_CHECKING:
@@ -28,18 +28,20 @@ def table_rows(front: list[dict[str, Any]], top: int, keep: int | None = None) -
 def print_front(front: list[dict[str, Any]], top: int, title: str, more_hint: str = "tune pareto --top 0",
                 best_trial: int | None = None) -> None:
     """The Pareto table (rows of :func:`tuner.report.front_rows`, fastest first; the first ``top``, 0 = all, with
-    ``best_trial`` among them) in seven columns that fit 80, a row's dispatcher and offload under its layout where
-    they are not the best's; then how many rows were left out and ``more_hint``, the
+    ``best_trial`` among them, in ``top`` lines) in seven columns that fit 80, a row's dispatcher and offload under its
+    layout where they are not the best's; then how many rows were left out and ``more_hint``, the
     command that shows them. The other columns are in ``pareto.csv`` and ``report.html``."""
     out.print(title)  # not the table's title: rich wraps a title to the table's width
-    t = Table(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
+    t = TrimmedTable(box=None, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold")
     columns: list[tuple[str, JustifyMethod]] = [("trial", "right"), ("layout", "left"), ("recompute", "left"),
                                                 ("mbs", "right"), ("tok/s", "right"), ("90%", "right"),
                                                 ("peak GiB", "right")]
     for col, just in columns:
         t.add_column(col, justify=just, overflow="fold", no_wrap=col in ("trial", "layout"))
-    shown = table_rows(front, top, best_trial)
+    shown = list(table_rows(front, top, best_trial))
     best = next((r for r in front if r["trial"] == best_trial), front[0] if front else None)
+    while top > 0 and len(shown) > 1 and sum(1 + bool(_differences(r, best)) for r in shown) > top:
+        shown.pop(max(i for i, r in enumerate(shown) if r is not best))  # ``top`` lines at most, the best among them
     for r in shown:
         tags = _differences(r, best)
         rec = _short_recompute(r["recompute"])
