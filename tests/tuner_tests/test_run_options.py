@@ -773,6 +773,23 @@ def test_the_launch_s_own_predicted_trial_gets_the_job_s_fit_verdict():
     assert "fit" not in _compare(1300.0, 50.0, launch_src="measured", launch_gib=135.0).split(";")[0]
 
 
+def test_a_launch_whose_own_trial_ran_out_of_memory_is_told_to_change():
+    """The launch's trial failed out of memory and no run of it finished: the line says so and names the change,
+    instead of comparing the launch's prediction with the best."""
+    from types import SimpleNamespace
+
+    from specs import Layout
+    from tuner.cli._from import compare_line
+
+    launch, other = Layout(world_size=8), Layout(world_size=8, tp=2, sequence_parallel=True)
+    prep = SimpleNamespace(config=SimpleNamespace(job=SimpleNamespace(baseline=launch.to_dict())))
+    best = {"trial": 1, "label": other.label, "layout": other, "tokens_per_s_per_gpu": 8192.0, "peak_gib": 70.0,
+            "source": "measured"}
+    line = compare_line(prep, best, [], (0, {"kind": "oom", "memory_reached_gib": 138.5, "layout": launch.to_dict()}))
+    assert line == ("your launch (trial 0): ran out of memory at 138.5 GiB in its trial; best: TP2 PP1 DP4, 8,192.0 "
+                    "tokens/s/GPU measured, 70.0 GiB; change: TP 1->2, sequence parallel off->on")
+
+
 def test_a_gain_beyond_the_error_is_a_change_and_a_much_slower_best_says_keep():
     assert _compare(1300.0, 50.0).endswith("+30%; change: TP 1->2, sequence parallel off->on")
     assert "; your layout is predicted 30% faster than the best: keep it, or measure both (" in _compare(700.0, 50.0)

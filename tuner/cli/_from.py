@@ -270,7 +270,22 @@ def fit_verdict(prep: Any, peak_bytes: float) -> str:
     return "does NOT fit" if verdict == "does not fit" else verdict
 
 
-def compare_line(prep: Any, best: dict[str, Any], rows: list[TrialRow] | None = None) -> str:
+def launch_failure(study: Any, prep: Any) -> tuple[int, dict[str, Any]] | None:
+    """The last failed trial of the launch's own layout in ``study`` (its number and
+    :func:`tuner.study.records.failure_of` record), or None."""
+    from optuna.trial import TrialState
+
+    from specs import Layout
+    from tuner.study.records import TrialRecord
+
+    key = Layout.from_dict(prep.config.job.baseline).key()
+    failed = [(t.number, f) for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+              if (f := TrialRecord.of(t).failure) and Layout.from_dict(f["layout"]).key() == key]
+    return failed[-1] if failed else None
+
+
+def compare_line(prep: Any, best: dict[str, Any], rows: list[TrialRow] | None = None,
+                 failed: tuple[int, dict[str, Any]] | None = None) -> str:
     """``your launch (trial T): N tokens/s/GPU measured|predicted (90%: LO-HI), X GiB; best: LABEL, M tokens/s/GPU,
     Y GiB, +P%;`` then what to do: ``change: ...`` only for a measured gain or one beyond the model's error on a
     predicted ratio (:func:`cost_model.uncertainty.ratio_within_error`), else keep the launch or measure both."""
@@ -279,6 +294,14 @@ def compare_line(prep: Any, best: dict[str, Any], rows: list[TrialRow] | None = 
     base = Layout.from_dict(prep.config.job.baseline)
     mine = [r for r in rows or () if r.layout.key() == base.key() and r.tokens_per_s_per_gpu]
     mine.sort(key=lambda r: r.source != "measured")  # a measurement first
+    if not mine and failed is not None:  # its own trial failed: it does not run as it is
+        trial, f = failed
+        reached = f" at {f['memory_reached_gib']:.1f} GiB" if f.get("memory_reached_gib") is not None else ""
+        what = f"ran out of memory{reached}" if f.get("kind") == "oom" else f"failed ({f.get('kind', 'crash')})"
+        changes = layout_changes(base, best["layout"])
+        return (f"your launch (trial {trial}): {what} in its trial; best: {best['label']}, "
+                f"{best['tokens_per_s_per_gpu']:,.1f} tokens/s/GPU {best['source']}, {float(best['peak_gib']):.1f} GiB"
+                + (f"; change: {', '.join(changes)}" if changes else ""))
     if mine:
         r = mine[0]
         tps, gib, src = r.tokens_per_s_per_gpu, r.peak_gib, r.source

@@ -400,9 +400,9 @@ def _print_outcome(res: Any, prep: Any, cfg: Any, state: CliState, rows: list[Tr
         if note:
             say(escape(note), label="note:", indent=0)
     if launch is not None:
-        from tuner.cli._from import compare_line
+        from tuner.cli._from import compare_line, launch_failure
 
-        say(compare_line(prep, best, rows), indent=0, hang=2, markup=False)
+        say(compare_line(prep, best, rows, launch_failure(res.study, prep)), indent=0, hang=2, markup=False)
     if best["source"] == "predicted":
         for gap in gaps(lay, prep.model, prep.cluster.gpu, prep.calibration)[:2]:
             say(gap.line, label="note:", indent=0, markup=False)
