@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from flag_parsing import launch_inputs_of
 from typer.testing import CliRunner
 
 from launch.exporters import ExportContext, get_exporter
@@ -22,22 +23,6 @@ DUMP = FIX / "gpt_oss_120b_pretrain_h100_config_dump.yaml"
 PERF = FIX / "qwen3_30b_a3b_llm_pretrain.yaml"
 
 
-def _from(path: Path, gpus: str, model: str | None = None):
-    from specs.stacks import RunFlags
-    from tuner.cli._common import RunChoice
-    from tuner.cli._from import launch_inputs
-
-    return launch_inputs(
-        path,
-        None,
-        model=model,
-        gpus=gpus,
-        seq_len=8192,
-        global_batch=128,
-        precision="bf16",
-        layers=None,
-        run=RunChoice(stack=None, flags=RunFlags()),
-    )
 
 
 def _context(path: Path | None, model: str, gpus: str, layout: Layout, gbs: int = 512) -> ExportContext:
@@ -89,7 +74,7 @@ def test_the_layout_reads_back_and_the_other_keys_are_kept(tmp_path, path, model
 
     ctx = _context(path, model, gpus, lay)
     out = get_exporter("bridge").write(ctx, tmp_path / "megatron_bridge.yaml")
-    fi = _from(out, gpus, model if path == OVERRIDE else None)
+    fi = launch_inputs_of(out, gpus, model if path == OVERRIDE else None)
     assert Layout.from_dict(fi.baseline) == lay
     before, after = yaml.safe_load(path.read_text()), yaml.safe_load(out.read_text())
     written = _written(*bridge_settings(ctx), before)
@@ -212,7 +197,7 @@ def test_lora_writes_bridge_s_peft_section_and_the_main_job_writes_it(tmp_path):
                    "target_modules": ["linear_qkv", "linear_fc1"]}
     assert "peft" not in yaml.safe_load(bridge.render(_context(None, "Qwen3-30B-A3B", "16xH100", lay)))
     # read back with --from: the same task (another adapter class is refused: test_launch_file_keys.py)
-    fi = _from(bridge.write(ctx, tmp_path / "megatron_bridge.yaml"), "16xH100", "Qwen3-30B-A3B")
+    fi = launch_inputs_of(bridge.write(ctx, tmp_path / "megatron_bridge.yaml"), "16xH100", "Qwen3-30B-A3B")
     assert (fi.run.task, fi.run.lora_rank, fi.run.lora_target_modules) == ("lora", 16, "linear_qkv,linear_fc1")
     assert not fi.launch.not_understood
     assert {e.file_name for e in exporters().values() if e.trains_every_weight} == {"run_slime.sh",
@@ -255,7 +240,7 @@ def test_bf16_gradient_reduction_is_written_where_bridge_reads_it_last(tmp_path)
     # read back, the file reduces in bf16
     f = tmp_path / "megatron_bridge.yaml"
     f.write_text(yaml.safe_dump(doc, sort_keys=False))
-    assert _from(f, "16xH100", "Qwen3-30B-A3B").run.flags.grad_reduce_in_bf16 is True
+    assert launch_inputs_of(f, "16xH100", "Qwen3-30B-A3B").run.flags.grad_reduce_in_bf16 is True
 
 
 @pytest.mark.parametrize("fmt", ["megatron", "slime", "recipe"])

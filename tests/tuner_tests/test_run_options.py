@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from flag_parsing import launch_inputs_of
 from typer.testing import CliRunner
 
 from search_spaces.rules import RuleEnv, check_layout
@@ -255,21 +256,6 @@ def test_a_model_argument_is_not_written_twice():
 # ---- tune --from --------------------------------------------------------------------------------------------------
 
 
-def _from(path: Path, gpus: str | None = "H200", model: str | None = None):
-    from tuner.cli._common import RunChoice
-    from tuner.cli._from import launch_inputs
-
-    return launch_inputs(
-        path,
-        None,
-        model=model,
-        gpus=gpus,
-        seq_len=8192,
-        global_batch=128,
-        precision="bf16",
-        layers=None,
-        run=RunChoice(stack=None, flags=RunFlags()),
-    )
 
 
 def _estimate_from(fi) -> tuple[float, float]:
@@ -289,7 +275,7 @@ def _estimate_from(fi) -> tuple[float, float]:
 
 def test_the_seed_launch_gives_the_explicit_flags_estimate():
     """seeds/001's run block with slime's MiniMax-M2 MODEL_ARGS: the same numbers as tune estimate with its flags."""
-    fi = _from(SEED_LAUNCH)
+    fi = launch_inputs_of(SEED_LAUNCH)
     assert (fi.model, fi.gpus, fi.seq_len, fi.global_batch, fi.run.stack) == (
         "MiniMax-M2", "8x8xH200", 8192, 128, "slime",
     )
@@ -297,11 +283,11 @@ def test_the_seed_launch_gives_the_explicit_flags_estimate():
     tps, peak = _estimate_from(fi)
     assert (tps, peak / 2**30) == (explicit["tokens_per_s_per_gpu"], explicit["peak_gib"])
     # and the same from the seed's recipe.yaml (its run block, its model and GPUs)
-    assert _estimate_from(_from(SEED_RECIPE, gpus=None)) == _estimate_from(fi)
+    assert _estimate_from(launch_inputs_of(SEED_RECIPE, gpus=None)) == _estimate_from(fi)
 
 
 def test_every_argument_of_the_launch_is_sorted_once():
-    lf = _from(SEED_LAUNCH).launch
+    lf = launch_inputs_of(SEED_LAUNCH).launch
     text = SEED_LAUNCH.read_text()
     flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
     sorted_ = set(lf.understood) | set(lf.no_effect) | set(lf.not_understood)
@@ -320,7 +306,7 @@ def test_an_argument_not_understood_is_named_and_kept(tmp_path):
             "--attention-backend flash --my-new-flag 3 \\\n  --accumulate-allreduce-grads-in-fp32",
         )
     )
-    lf = _from(f).launch
+    lf = launch_inputs_of(f).launch
     assert lf.not_understood == ("--my-new-flag",) and "--my-new-flag 3" in " ".join(lf.user_args)
     assert "not understood: --my-new-flag" in lf.summary
 
@@ -371,7 +357,7 @@ def test_a_file_that_is_not_a_launch_is_refused(tmp_path, text, name, message):
 
 def test_gpus_that_disagree_with_the_file_are_refused():
     with pytest.raises(TunerError, match=r"runs on 64 GPUs \(8 x 8\) but --gpus 32xH200 has 32"):
-        _from(SEED_LAUNCH, gpus="32xH200")
+        launch_inputs_of(SEED_LAUNCH, gpus="32xH200")
 
 
 def test_the_main_job_from_the_seed_launch(tmp_path):
@@ -463,7 +449,7 @@ def test_timeline_from_the_seed_launch_is_the_explicit_flags_trace(tmp_path):
 
 
 def test_a_megatron_bridge_override_yaml_is_read_setting_by_setting():
-    fi = _from(ROOT / "tests/fixtures/launch/bridge_override.yaml", gpus="16xH100", model="Qwen3-30B-A3B")
+    fi = launch_inputs_of(ROOT / "tests/fixtures/launch/bridge_override.yaml", gpus="16xH100", model="Qwen3-30B-A3B")
     lf = fi.launch
     assert (lf.kind, fi.run.stack, fi.seq_len, fi.global_batch) == ("megatron-bridge", "megatron-bridge", 4096, 512)
     assert lf.not_understood == ("model.my_experimental_knob",)
@@ -497,7 +483,7 @@ def _leaves(doc, prefix=""):
 def test_a_megatron_bridge_performance_config_is_read_entry_by_entry():
     """Megatron-Bridge's own Qwen3-30B-A3B performance config: the --gpus entry of its perf_matrix, the --precision one
     of that; every setting of its ConfigContainer and of the entry read is sorted once, the rest named."""
-    fi = _from(BRIDGE_PERF, gpus="H100", model="Qwen3-30B-A3B")
+    fi = launch_inputs_of(BRIDGE_PERF, gpus="H100", model="Qwen3-30B-A3B")
     lf = fi.launch
     assert (fi.gpus, fi.seq_len, fi.global_batch, fi.precision, fi.run.stack) == (
         "2x8xH100", 4096, 512, "bf16", "megatron-bridge",
@@ -563,7 +549,7 @@ def test_a_whole_megatron_bridge_config_as_it_saves_one_is_read_setting_by_setti
     each
     of its 669 settings sorted exactly once: understood, without effect, or named as not understood."""
     path = ROOT / "tests/fixtures/launch/gpt_oss_120b_pretrain_h100_config_dump.yaml"
-    fi = _from(path, gpus="64xH100")
+    fi = launch_inputs_of(path, gpus="64xH100")
     lf = fi.launch
     assert (fi.model, fi.seq_len, fi.global_batch, fi.precision, fi.run.stack) == (
         "GPT-OSS-120B", 4096, 512, "bf16", "megatron-bridge",
@@ -613,7 +599,7 @@ def test_estimate_from_a_performance_config_is_its_entrys_explicit_flags():
 
 
 def test_a_nemo_rl_config_is_read_through_its_defaults_chain():
-    fi = _from(ROOT / "tests/fixtures/launch/nemo_rl_lora.yaml", gpus="H100")
+    fi = launch_inputs_of(ROOT / "tests/fixtures/launch/nemo_rl_lora.yaml", gpus="H100")
     lf = fi.launch
     assert (lf.kind, fi.run.stack, fi.model, fi.gpus, fi.seq_len, fi.global_batch) == (
         "nemo-rl", "nemo-rl", "Llama-3.1-8B", "2x8xH100", 2048, 128,
@@ -622,7 +608,7 @@ def test_a_nemo_rl_config_is_read_through_its_defaults_chain():
     assert (fi.run.task, fi.run.lora_rank, fi.run.lora_target_modules) == ("lora", 16, "linear_qkv,linear_proj")
     assert {"grpo", "loss_fn", "policy.generation", "policy.megatron_cfg.optimizer.lr"} <= set(lf.no_effect)
     assert not lf.not_understood
-    base = _from(ROOT / "tests/fixtures/launch/nemo_rl_base.yaml", gpus="H100")
+    base = launch_inputs_of(ROOT / "tests/fixtures/launch/nemo_rl_base.yaml", gpus="H100")
     assert (
         base.baseline["recompute_granularity"] == "none" and base.run.task is None
     )  # checkpointing off: recompute unread
@@ -633,7 +619,7 @@ def test_a_lora_recipe_read_with_from_gives_its_task(tmp_path):
     rec = yaml.safe_load(SEED_RECIPE.read_text())
     rec["workload"] |= {"task": "lora", "lora": {"rank": 16, "target_modules": ["linear_qkv", "linear_proj"]}}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(rec))
-    fi = _from(tmp_path / "recipe.yaml", gpus=None)
+    fi = launch_inputs_of(tmp_path / "recipe.yaml", gpus=None)
     assert (fi.run.task, fi.run.lora_rank, fi.run.lora_target_modules) == ("lora", 16, "linear_qkv,linear_proj")
     kw = fi.run.workload_kw()
     assert kw == {"task": "lora", "lora_rank": 16, "lora_target_modules": ("linear_qkv", "linear_proj")}
@@ -645,7 +631,7 @@ def test_a_nemo_rl_config_without_its_defaults_file_is_refused(tmp_path):
     with pytest.raises(
         TunerError, match="defaults: file 'nemo_rl_base.yaml': cannot read it .*; put it beside the file"
     ):
-        _from(f, gpus="H100")
+        launch_inputs_of(f, gpus="H100")
 
 
 def test_a_study_is_not_resumed_with_other_run_options(tmp_path):
@@ -673,10 +659,10 @@ def test_a_sourced_model_file_is_read_and_an_unset_array_is_named(tmp_path):
         'SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" &>/dev/null && pwd)"\n'
         'source "${SCRIPT_DIR}/models/minimax-m2.sh"\n' + text[cut:]
     )
-    assert _estimate_from(_from(run)) == _estimate_from(_from(SEED_LAUNCH))
+    assert _estimate_from(launch_inputs_of(run)) == _estimate_from(launch_inputs_of(SEED_LAUNCH))
     alone = tmp_path / "alone.sh"
     alone.write_text(text[cut:])
-    lf = _from(alone, model="MiniMax-M2").launch
+    lf = launch_inputs_of(alone, model="MiniMax-M2").launch
     assert lf.not_understood == ("${MODEL_ARGS[@]} (not set in the file)",)
 
 
@@ -895,7 +881,7 @@ def test_layers_per_virtual_stage_are_megatrons_virtual_pipeline_size(tmp_path):
     --num-layers, else the model's."""
     f = tmp_path / "run.sh"
     f.write_text(LLAMA_70B_LAUNCH)
-    fi = _from(f, gpus="H100")
+    fi = launch_inputs_of(f, gpus="H100")
     assert (fi.baseline["tp"], fi.baseline["pp"], fi.baseline["vpp"]) == (8, 4, 4)
     f.write_text(LLAMA_70B_LAUNCH.replace("--num-layers 80 ", ""))  # the preset's 80 layers
     assert read_launch(f).layout["vpp"] == 4
