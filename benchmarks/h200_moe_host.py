@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.h200_te_layouts import BASE_LAYOUT
+
 QW, MM = "Qwen3-30B-A3B", "MiniMax-M2"
 #: id -> (model, layers, local experts, precision, fp8_recipe, fused). The Qwen3-30B-A3B expert counts are one rank of
 #: EP 16, 8, 4 and 1 (the published rows run EP 8 and 16); MiniMax-M2's one rank of EP 32, 8 and 1 (the main job runs
@@ -66,16 +68,6 @@ POINTS: tuple[tuple[int, int], ...] = ((128, 1), (4096, 1), (4096, 2), (4096, 4)
 ITERS = 10
 WARMUP = 3
 PROFILE_ITERS = 3
-BASE_LAYOUT = {
-    "world_size": 1,
-    "tp": 1,
-    "pp": 1,
-    "ep": 1,
-    "micro_batch_size": 1,
-    "dispatcher": "alltoall",
-    "use_distributed_optimizer": True,
-    "use_precision_aware_optimizer": True,
-}
 
 
 def _spec(cid: str, seq: int) -> Any:

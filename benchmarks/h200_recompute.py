@@ -66,6 +66,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.h200_te_layouts import BASE_LAYOUT
+
 MM, QW, DS = "MiniMax-M2", "Qwen3-30B-A3B", "DeepSeek-V3"
 MOE_MODULES = ("core_attn", "layernorm", "moe_act", "moe")
 #: slice id -> (model, layers, selective modules its layers have, model_overrides)
@@ -75,16 +77,6 @@ SLICES: dict[str, tuple[str, int, tuple[str, ...], dict[str, Any]]] = {
     "ds": (DS, 1, ("core_attn", "layernorm", "mla_up_proj", "mlp"), {}),
 }
 SEQ = 8192
-BASE_LAYOUT = {
-    "world_size": 1,
-    "tp": 1,
-    "pp": 1,
-    "ep": 1,
-    "micro_batch_size": 1,
-    "dispatcher": "alltoall",
-    "use_distributed_optimizer": True,
-    "use_precision_aware_optimizer": True,
-}
 GIB = 2**30
 #: Layers added to a slice to read the model's per-layer stash (every slice's next layers are of its own kind:
 #: MiniMax-M2 and Qwen3 are all MoE, DeepSeek-V3's first three are dense).

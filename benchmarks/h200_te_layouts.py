@@ -23,9 +23,10 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["CASES", "PROBE", "case"]
+__all__ = ["BASE_LAYOUT", "CASES", "PROBE", "case"]
 
-_BASE = {
+#: The one-GPU layout every device driver starts from (benchmarks/h200_*.py).
+BASE_LAYOUT = {
     "world_size": 1,
     "tp": 1,
     "pp": 1,
@@ -55,7 +56,7 @@ def case(
 ) -> dict[str, Any]:
     """One sweep case (a plain dict: the driver and the tests read it). ``model_overrides``: ModelSpec fields replaced
     in the slice (e.g. the expert count of one EP rank, or a GPT-OSS feature turned off)."""
-    lay = {**_BASE, **layout}
+    lay = {**BASE_LAYOUT, **layout}
     opts = dict(options or {})
     if census:
         opts["saved_tensor_census"] = True
